@@ -1,0 +1,399 @@
+//! Configuration: TOML file + command-line flags -> checked [`Config`].
+//!
+//! Flags are folded into the same TOML table as the file (a flag wins), and
+//! one pass turns that table into typed values. Every error names the key as
+//! `section.key`, so a bad flag and a bad file line read the same way.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A config problem, rendered as one line naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    pub key: String,
+    pub problem: String,
+}
+
+fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), problem: problem.into() }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The user routing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    RoundRobin,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Server {
+    pub route_bind: String,
+    pub health_bind: String,
+    /// `None` when the bind is disabled (`""`).
+    pub stats_bind: Option<String>,
+    pub stats_connect: Vec<String>,
+    pub metrics_bind: SocketAddr,
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Engines {
+    pub dp_size: u32,
+    pub stale_after: Duration,
+    pub down_after: Duration,
+    pub readmit_updates: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub policy: PolicyKind,
+    pub tick: Duration,
+    pub pending_ttl: Duration,
+    pub imbalance_window: Duration,
+}
+
+/// Weights and caps of the result-metric penalty (see `penalty.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Penalty {
+    pub max_penalty: f64,
+    pub stale: f64,
+    pub health_failure: f64,
+    pub health_half_life: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_batch: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub server: Server,
+    pub engines: Engines,
+    pub routing: Routing,
+    pub penalty: Penalty,
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        match Config::from_table(toml::Table::new()) {
+            Ok(c) => c,
+            Err(e) => unreachable!("the defaults are valid: {e}"),
+        }
+    }
+}
+
+/// Reads one section's keys, remembering which were used.
+struct Section<'a> {
+    name: &'static str,
+    table: Option<&'a toml::Table>,
+    seen: Vec<&'static str>,
+}
+
+impl<'a> Section<'a> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.name)
+    }
+
+    fn get(&mut self, k: &'static str) -> Option<&'a toml::Value> {
+        self.seen.push(k);
+        self.table.and_then(|t| t.get(k))
+    }
+
+    fn int(&mut self, k: &'static str, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let Some(v) = self.get(k) else { return Ok(default) };
+        let i = v.as_integer().ok_or_else(|| err(self.key(k), format!("expected an integer, got {}", v.type_str())))?;
+        u64::try_from(i)
+            .ok()
+            .filter(|i| (min..=max).contains(i))
+            .ok_or_else(|| err(self.key(k), format!("must be between {min} and {max}, got {i}")))
+    }
+
+    fn ms(&mut self, k: &'static str, default: u64, min: u64, max: u64) -> Result<Duration, ConfigError> {
+        self.int(k, default, min, max).map(Duration::from_millis)
+    }
+
+    fn float(&mut self, k: &'static str, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
+        let Some(v) = self.get(k) else { return Ok(default) };
+        let x = match v {
+            toml::Value::Float(x) => *x,
+            toml::Value::Integer(i) => *i as f64,
+            other => return Err(err(self.key(k), format!("expected a number, got {}", other.type_str()))),
+        };
+        if x.is_finite() && (min..=max).contains(&x) {
+            Ok(x)
+        } else {
+            Err(err(self.key(k), format!("must be between {min} and {max}, got {x}")))
+        }
+    }
+
+    fn string(&mut self, k: &'static str, default: &str) -> Result<String, ConfigError> {
+        match self.get(k) {
+            None => Ok(default.to_owned()),
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(err(self.key(k), format!("expected a string, got {}", other.type_str()))),
+        }
+    }
+
+    fn endpoint(&mut self, k: &'static str, default: &str) -> Result<String, ConfigError> {
+        let s = self.string(k, default)?;
+        check_endpoint(&s).map_err(|p| err(self.key(k), p))?;
+        Ok(s)
+    }
+
+    fn endpoints(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
+        let Some(v) = self.get(k) else { return Ok(Vec::new()) };
+        let arr = v
+            .as_array()
+            .ok_or_else(|| err(self.key(k), format!("expected an array of strings, got {}", v.type_str())))?;
+        arr.iter()
+            .map(|e| {
+                let s =
+                    e.as_str().ok_or_else(|| err(self.key(k), format!("expected strings, got {}", e.type_str())))?;
+                check_endpoint(s).map_err(|p| err(self.key(k), p))?;
+                Ok(s.to_owned())
+            })
+            .collect()
+    }
+
+    /// Errors on any key of this section that no reader asked for.
+    fn finish(self) -> Result<(), ConfigError> {
+        let Some(t) = self.table else { return Ok(()) };
+        match t.keys().find(|k| !self.seen.contains(&k.as_str())) {
+            Some(k) => {
+                Err(err(format!("{}.{k}", self.name), format!("unknown key; known keys: {}", self.seen.join(", "))))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks a ZeroMQ endpoint: `tcp://host:port`, `ipc://path` or `inproc://name`.
+pub fn check_endpoint(s: &str) -> Result<(), String> {
+    let bad = || format!("`{s}` is not an endpoint; use tcp://HOST:PORT, ipc://PATH or inproc://NAME");
+    if let Some(rest) = s.strip_prefix("tcp://") {
+        let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+        if host.is_empty() || !(port == "*" || port.parse::<u16>().is_ok()) {
+            return Err(bad());
+        }
+        return Ok(());
+    }
+    match s.strip_prefix("ipc://").or_else(|| s.strip_prefix("inproc://")) {
+        Some(rest) if !rest.is_empty() => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
+const SECTIONS: [&str; 5] = ["server", "engines", "routing", "penalty", "limits"];
+
+fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<Section<'a>, ConfigError> {
+    let table = match root.get(name) {
+        None => None,
+        Some(toml::Value::Table(t)) => Some(t),
+        Some(other) => return Err(err(name, format!("expected a [{name}] table, got {}", other.type_str()))),
+    };
+    Ok(Section { name, table, seen: Vec::new() })
+}
+
+fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
+    let route_bind = s.endpoint("route_bind", "tcp://127.0.0.1:5570")?;
+    let health_bind = s.endpoint("health_bind", "tcp://127.0.0.1:5571")?;
+    let stats_bind = match s.string("stats_bind", "tcp://127.0.0.1:5572")? {
+        b if b.is_empty() => None,
+        b => {
+            check_endpoint(&b).map_err(|p| err("server.stats_bind", p))?;
+            Some(b)
+        }
+    };
+    let stats_connect = s.endpoints("stats_connect")?;
+    let metrics_bind = s.string("metrics_bind", "127.0.0.1:9570")?;
+    let metrics_bind = metrics_bind.parse().map_err(|_| {
+        err("server.metrics_bind", format!("`{metrics_bind}` is not HOST:PORT (an IP address and a port)"))
+    })?;
+    let log_format = match s.string("log_format", "text")?.as_str() {
+        "text" => LogFormat::Text,
+        "json" => LogFormat::Json,
+        other => return Err(err("server.log_format", format!("must be \"text\" or \"json\", got \"{other}\""))),
+    };
+    s.finish()?;
+    Ok(Server { route_bind, health_bind, stats_bind, stats_connect, metrics_bind, log_format })
+}
+
+fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
+    let dp_size = s.int("dp_size", 8, 1, 65536)? as u32;
+    let stale_after = s.ms("stale_after_ms", 1000, 1, 3_600_000)?;
+    let down_after = s.ms("down_after_ms", 3000, 1, 3_600_000)?;
+    let readmit_updates = s.int("readmit_updates", 2, 1, 1000)? as u32;
+    s.finish()?;
+    if down_after <= stale_after {
+        return Err(err(
+            "engines.down_after_ms",
+            format!(
+                "must be above engines.stale_after_ms ({} ms), got {} ms",
+                stale_after.as_millis(),
+                down_after.as_millis()
+            ),
+        ));
+    }
+    Ok(Engines { dp_size, stale_after, down_after, readmit_updates })
+}
+
+fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
+    let policy = match s.string("policy", "round_robin")?.as_str() {
+        "round_robin" => PolicyKind::RoundRobin,
+        other => return Err(err("routing.policy", format!("unknown policy \"{other}\"; available: round_robin"))),
+    };
+    let tick = s.ms("tick_ms", 100, 1, 10_000)?;
+    let pending_ttl = s.ms("pending_ttl_ms", 2000, 1, 3_600_000)?;
+    let imbalance_window = s.ms("imbalance_window_ms", 60_000, 1000, 86_400_000)?;
+    s.finish()?;
+    Ok(Routing { policy, tick, pending_ttl, imbalance_window })
+}
+
+fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
+    let max_penalty = s.float("max_penalty", 10.0, 0.0, 1e6)?;
+    let stale = s.float("stale", 1.0, 0.0, 1e6)?;
+    let health_failure = s.float("health_failure", 1.0, 0.0, 1e6)?;
+    let health_half_life = s.ms("health_half_life_ms", 5000, 1, 3_600_000)?;
+    s.finish()?;
+    Ok(Penalty { max_penalty, stale, health_failure, health_half_life })
+}
+
+fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
+    let max_message_bytes = s.int("max_message_bytes", 65536, 256, 16 << 20)? as usize;
+    let max_batch = s.int("max_batch", 1024, 1, 65536)? as u32;
+    s.finish()?;
+    Ok(Limits { max_message_bytes, max_batch })
+}
+
+impl Config {
+    /// Parses TOML text (the file's contents).
+    pub fn parse_toml(text: &str) -> Result<toml::Table, ConfigError> {
+        text.parse::<toml::Table>().map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    err("config", format!("line {line}: {msg}"))
+                }
+                None => err("config", msg),
+            }
+        })
+    }
+
+    /// Checks a whole table (file plus flags) and builds the config.
+    pub fn from_table(root: toml::Table) -> Result<Config, ConfigError> {
+        if let Some(k) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+            return Err(err(k.as_str(), format!("unknown section; known sections: {}", SECTIONS.join(", "))));
+        }
+        Ok(Config {
+            server: parse_server(section(&root, "server")?)?,
+            engines: parse_engines(section(&root, "engines")?)?,
+            routing: parse_routing(section(&root, "routing")?)?,
+            penalty: parse_penalty(section(&root, "penalty")?)?,
+            limits: parse_limits(section(&root, "limits")?)?,
+        })
+    }
+}
+
+/// Sets `section.key = value` in a table, creating the section as needed
+/// (how a flag overrides the file).
+pub fn set(root: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
+    let entry = root.entry(section.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if !entry.is_table() {
+        *entry = toml::Value::Table(toml::Table::new());
+    }
+    if let toml::Value::Table(t) = entry {
+        t.insert(key.to_owned(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_table(Config::parse_toml(text)?)
+    }
+
+    fn key_of(text: &str) -> String {
+        parse(text).unwrap_err().key
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::default();
+        assert_eq!(c.server.route_bind, "tcp://127.0.0.1:5570");
+        assert_eq!(c.server.health_bind, "tcp://127.0.0.1:5571");
+        assert_eq!(c.server.stats_bind.as_deref(), Some("tcp://127.0.0.1:5572"));
+        assert_eq!(c.server.metrics_bind, "127.0.0.1:9570".parse().unwrap());
+        assert_eq!(c.engines.dp_size, 8);
+        assert_eq!(c.engines.stale_after, Duration::from_millis(1000));
+        assert_eq!(c.engines.down_after, Duration::from_millis(3000));
+        assert_eq!(c.engines.readmit_updates, 2);
+        assert_eq!(c.routing.policy, PolicyKind::RoundRobin);
+        assert_eq!(c.routing.tick, Duration::from_millis(100));
+        assert_eq!(c.routing.pending_ttl, Duration::from_millis(2000));
+        assert_eq!(c.routing.imbalance_window, Duration::from_secs(60));
+        assert_eq!((c.limits.max_message_bytes, c.limits.max_batch), (65536, 1024));
+    }
+
+    #[test]
+    fn the_shipped_example_is_the_defaults() {
+        let text = include_str!("../config/dpcoord.toml");
+        assert_eq!(parse(text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(key_of("[routing]\npolicy = \"fastest\""), "routing.policy");
+        assert_eq!(key_of("[engines]\ndp_size = 0"), "engines.dp_size");
+        assert_eq!(key_of("[engines]\ndp_size = \"8\""), "engines.dp_size");
+        assert_eq!(key_of("[engines]\nstale_after_ms = 5000"), "engines.down_after_ms");
+        assert_eq!(key_of("[server]\nroute_bind = \"localhost:1\""), "server.route_bind");
+        assert_eq!(key_of("[server]\nstats_connect = [\"tcp://x\"]"), "server.stats_connect");
+        assert_eq!(key_of("[server]\nmetrics_bind = \"nowhere\""), "server.metrics_bind");
+        assert_eq!(key_of("[server]\nlog_format = \"xml\""), "server.log_format");
+        assert_eq!(key_of("[limits]\nmax_batch = -1"), "limits.max_batch");
+        assert_eq!(key_of("[penalty]\nstale = -1.0"), "penalty.stale");
+        assert_eq!(key_of("[routing]\ntickms = 5"), "routing.tickms");
+        assert_eq!(key_of("[router]\npolicy = \"round_robin\""), "router");
+        assert_eq!(key_of("routing = 3"), "routing");
+        assert_eq!(key_of("[routing\n"), "config");
+    }
+
+    #[test]
+    fn flags_override_the_file_and_empty_stats_bind_disables_it() {
+        let mut t = Config::parse_toml("[engines]\ndp_size = 4\n[server]\nstats_bind = \"\"").unwrap();
+        set(&mut t, "engines", "dp_size", toml::Value::Integer(16));
+        let c = Config::from_table(t).unwrap();
+        assert_eq!(c.engines.dp_size, 16);
+        assert_eq!(c.server.stats_bind, None);
+    }
+
+    #[test]
+    fn endpoints() {
+        for ok in ["tcp://127.0.0.1:5570", "tcp://*:1", "tcp://[::1]:80", "ipc:///tmp/x", "inproc://a", "tcp://h:*"] {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "tcp://", "tcp://h", "tcp://:1", "tcp://h:99999", "ipc://", "udp://h:1", "127.0.0.1:5570"] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+}

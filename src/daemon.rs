@@ -1,0 +1,55 @@
+//! Runs the daemon: sockets, the coordinator thread, and shutdown.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::metrics::Metrics;
+use crate::transport::{self, Sockets, TransportError};
+
+/// A running daemon; [`Daemon::stop`] ends it.
+pub struct Daemon {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<(), TransportError>>,
+}
+
+impl Daemon {
+    /// Binds every socket (errors come back here) and starts serving.
+    pub fn start(cfg: &Config) -> Result<Daemon, TransportError> {
+        let sockets = Sockets::open(cfg)?;
+        let metrics = Metrics::new(cfg.engines.dp_size);
+        let mut coord = Coordinator::new(cfg, metrics, Instant::now());
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("coordinator".into())
+            .spawn(move || transport::serve(sockets, &mut coord, &flag))
+            .map_err(TransportError::Thread)?;
+        tracing::info!(
+            route = %cfg.server.route_bind,
+            health = %cfg.server.health_bind,
+            stats_bind = cfg.server.stats_bind.as_deref().unwrap_or(""),
+            dp_size = cfg.engines.dp_size,
+            policy = cfg.routing.policy.as_str(),
+            "dpcoord serving"
+        );
+        Ok(Daemon { stop, thread })
+    }
+
+    /// True once the coordinator thread has ended (on error or stop).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Asks the coordinator to answer what is queued and stop; waits for it.
+    pub fn stop(self) -> Result<(), TransportError> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}

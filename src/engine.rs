@@ -1,0 +1,390 @@
+//! The engine table: what each DP rank reported, and whether it is routable.
+//!
+//! It holds facts about engines only (the 5-tuple, boot/seq, liveness,
+//! penalty). User bookkeeping (`routed`, `pending`, cursors) lives in
+//! `user.rs`, so code that can only see this table cannot touch it.
+
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, Penalty};
+use crate::penalty::HealthScore;
+use crate::wire::StatsUpdate;
+
+/// Index of a counter in the 5-tuple `[waiting, running, received, finished, failed]`.
+pub const WAITING: usize = 0;
+pub const RUNNING: usize = 1;
+pub const RECEIVED: usize = 2;
+pub const FINISHED: usize = 3;
+pub const FAILED: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// No valid update seen yet. Not routable.
+    Unknown,
+    Up,
+    /// No update for `stale_after`: still routable, penalized.
+    Stale,
+    /// No update for `down_after`: never routed until readmitted.
+    Down,
+}
+
+impl Status {
+    pub fn is_routable(self) -> bool {
+        matches!(self, Status::Up | Status::Stale)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Up => "up",
+            Status::Stale => "stale",
+            Status::Down => "down",
+        }
+    }
+}
+
+/// One DP rank as dpcoord knows it.
+#[derive(Debug, Clone)]
+pub struct EngineState {
+    pub status: Status,
+    pub boot: u64,
+    pub seq: u64,
+    /// `[waiting, running, received, finished, failed]` of the current boot.
+    pub counts: [u64; 5],
+    /// `[waiting_tokens, running_tokens]`, when the engine sends them.
+    pub tokens: Option<[u64; 2]>,
+    pub kv_usage: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub last_update: Option<Instant>,
+    /// Consecutive valid updates while down (readmission).
+    readmit_streak: u32,
+    pub penalty: f64,
+    health: HealthScore,
+    /// `finished` and `failed` of earlier boots, for totals across restarts.
+    pub finished_before: u64,
+    pub failed_before: u64,
+}
+
+impl EngineState {
+    fn new() -> Self {
+        EngineState {
+            status: Status::Unknown,
+            boot: 0,
+            seq: 0,
+            counts: [0; 5],
+            tokens: None,
+            kv_usage: None,
+            ttft_ms: None,
+            tpot_ms: None,
+            last_update: None,
+            readmit_streak: 0,
+            penalty: 0.0,
+            health: HealthScore::default(),
+            finished_before: 0,
+            failed_before: 0,
+        }
+    }
+
+    /// Time since the last valid update; `None` while unknown.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        self.last_update.map(|t| now.saturating_duration_since(t))
+    }
+}
+
+/// Why an update was dropped (the `result` label of the stats counter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsReject {
+    UnknownRank(i128),
+    Stale(String),
+    Malformed(String),
+}
+
+/// An update that was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    pub rank: u32,
+    /// The engine restarted (a new `boot`): its counters started over.
+    pub restarted: bool,
+    /// The engine's `received` counter after the update.
+    pub received: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Liveness {
+    stale_after: Duration,
+    down_after: Duration,
+    readmit_updates: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineTable {
+    engines: Vec<EngineState>,
+    epoch: u64,
+    liveness: Liveness,
+    penalty: Penalty,
+}
+
+fn check_order(e: &EngineState, u: &StatsUpdate) -> Result<(), StatsReject> {
+    if e.status == Status::Unknown || u.boot > e.boot {
+        return Ok(());
+    }
+    if u.boot < e.boot {
+        return Err(StatsReject::Stale(format!("boot {} is older than the current boot {}", u.boot, e.boot)));
+    }
+    if u.seq <= e.seq {
+        return Err(StatsReject::Stale(format!("seq {} is not above the last accepted seq {}", u.seq, e.seq)));
+    }
+    const NAMES: [&str; 5] = ["waiting", "running", "received", "finished", "failed"];
+    for i in [RECEIVED, FINISHED, FAILED] {
+        if u.counts[i] < e.counts[i] {
+            return Err(StatsReject::Malformed(format!(
+                "counter `{}` went backwards within boot {} ({} -> {})",
+                NAMES[i], u.boot, e.counts[i], u.counts[i]
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl EngineTable {
+    pub fn new(cfg: &Config) -> Self {
+        EngineTable {
+            engines: vec![EngineState::new(); cfg.engines.dp_size as usize],
+            epoch: 0,
+            liveness: Liveness {
+                stale_after: cfg.engines.stale_after,
+                down_after: cfg.engines.down_after,
+                readmit_updates: cfg.engines.readmit_updates,
+            },
+            penalty: cfg.penalty.clone(),
+        }
+    }
+
+    pub fn dp_size(&self) -> u32 {
+        self.engines.len() as u32
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn get(&self, rank: u32) -> &EngineState {
+        &self.engines[rank as usize]
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &EngineState> {
+        self.engines.iter()
+    }
+
+    pub fn is_routable(&self, rank: u32) -> bool {
+        self.engines.get(rank as usize).is_some_and(|e| e.status.is_routable())
+    }
+
+    pub fn any_routable(&self) -> bool {
+        self.engines.iter().any(|e| e.status.is_routable())
+    }
+
+    fn set_status(&mut self, rank: usize, to: Status) {
+        let e = &mut self.engines[rank];
+        let from = e.status;
+        if from == to {
+            return;
+        }
+        e.status = to;
+        if to == Status::Down {
+            e.readmit_streak = 0;
+        }
+        if from.is_routable() != to.is_routable() {
+            self.epoch += 1;
+        }
+        let readmitted = from == Status::Down && to == Status::Up;
+        tracing::info!(
+            dp_rank = rank,
+            from = from.as_str(),
+            to = to.as_str(),
+            readmitted,
+            epoch = self.epoch,
+            "rank status changed"
+        );
+    }
+
+    /// Applies one decoded update, or says why it was dropped (then nothing changed).
+    pub fn apply(&mut self, u: &StatsUpdate, now: Instant) -> Result<Accepted, StatsReject> {
+        let rank =
+            usize::try_from(u.rank).ok().filter(|&r| r < self.engines.len()).ok_or(StatsReject::UnknownRank(u.rank))?;
+        let live = &self.liveness;
+        let e = &mut self.engines[rank];
+        check_order(e, u)?;
+        let restarted = e.status != Status::Unknown && u.boot > e.boot;
+        if restarted {
+            e.finished_before += e.counts[FINISHED];
+            e.failed_before += e.counts[FAILED];
+            tracing::info!(
+                dp_rank = rank,
+                old_boot = e.boot,
+                new_boot = u.boot,
+                "engine restarted: counters start over"
+            );
+        }
+        let close_gap = e.last_update.is_some_and(|t| now.saturating_duration_since(t) <= live.stale_after);
+        e.readmit_streak = if close_gap { e.readmit_streak + 1 } else { 1 };
+        e.boot = u.boot;
+        e.seq = u.seq;
+        e.counts = u.counts;
+        e.tokens = u.tokens;
+        e.kv_usage = u.kv_usage;
+        e.ttft_ms = u.ttft_ms;
+        e.tpot_ms = u.tpot_ms;
+        e.last_update = Some(now);
+        let next = match e.status {
+            Status::Down if e.readmit_streak < live.readmit_updates => Status::Down,
+            _ => Status::Up,
+        };
+        self.set_status(rank, next);
+        Ok(Accepted { rank: rank as u32, restarted, received: u.counts[RECEIVED] })
+    }
+
+    /// A health prober's outcome for `rank` (already checked to be in range).
+    pub fn record_health_report(&mut self, rank: u32, ok: bool, now: Instant) {
+        if !ok {
+            let weight = self.penalty.health_failure;
+            self.engines[rank as usize].health.add(weight, now, self.penalty.health_half_life);
+        }
+    }
+
+    /// Ages liveness and recomputes penalties; called every tick.
+    pub fn tick(&mut self, now: Instant) {
+        for rank in 0..self.engines.len() {
+            let e = &self.engines[rank];
+            let next = match (e.status, e.age(now)) {
+                (Status::Up | Status::Stale, Some(age)) if age >= self.liveness.down_after => Status::Down,
+                (Status::Up, Some(age)) if age >= self.liveness.stale_after => Status::Stale,
+                (s, _) => s,
+            };
+            self.set_status(rank, next);
+            let e = &mut self.engines[rank];
+            let stale = if e.status == Status::Stale { self.penalty.stale } else { 0.0 };
+            let health = e.health.value(now, self.penalty.health_half_life);
+            e.penalty = (stale + health).min(self.penalty.max_penalty);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(dp: u32) -> EngineTable {
+        let mut c = Config::default();
+        c.engines.dp_size = dp;
+        EngineTable::new(&c)
+    }
+
+    fn upd(rank: i128, boot: u64, seq: u64, counts: [u64; 5]) -> StatsUpdate {
+        StatsUpdate { rank, boot, seq, counts, tokens: None, kv_usage: None, ttft_ms: None, tpot_ms: None }
+    }
+
+    fn ms(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn first_update_brings_a_rank_up_and_bumps_epoch() {
+        let mut t = table(4);
+        let t0 = Instant::now();
+        assert!(!t.is_routable(0));
+        assert_eq!(t.apply(&upd(0, 1, 1, [0; 5]), t0), Ok(Accepted { rank: 0, restarted: false, received: 0 }));
+        assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 1));
+        t.apply(&upd(1, 1, 1, [0; 5]), t0).unwrap();
+        t.apply(&upd(1, 1, 2, [0; 5]), t0).unwrap();
+        assert_eq!(t.epoch(), 2);
+    }
+
+    #[test]
+    fn rejects_leave_state_unchanged() {
+        let mut t = table(2);
+        let t0 = Instant::now();
+        t.apply(&upd(0, 5, 10, [1, 1, 10, 5, 1]), t0).unwrap();
+        let before = format!("{:?}", t.get(0));
+        let cases = [
+            (upd(2, 5, 11, [0; 5]), "unknown"),
+            (upd(-1, 5, 11, [0; 5]), "unknown"),
+            (upd(0, 4, 99, [0; 5]), "stale"),
+            (upd(0, 5, 10, [0, 0, 10, 5, 1]), "stale"),
+            (upd(0, 5, 11, [0, 0, 9, 5, 1]), "malformed"),
+            (upd(0, 5, 11, [0, 0, 10, 4, 1]), "malformed"),
+            (upd(0, 5, 11, [0, 0, 10, 5, 0]), "malformed"),
+        ];
+        for (u, want) in cases {
+            let got = match t.apply(&u, ms(t0, 10)) {
+                Err(StatsReject::UnknownRank(_)) => "unknown",
+                Err(StatsReject::Stale(_)) => "stale",
+                Err(StatsReject::Malformed(_)) => "malformed",
+                Ok(_) => "accepted",
+            };
+            assert_eq!(got, want, "{u:?}");
+            assert_eq!(format!("{:?}", t.get(0)), before);
+        }
+        // Gauges may go down within a boot.
+        assert!(t.apply(&upd(0, 5, 11, [0, 0, 10, 5, 1]), t0).is_ok());
+    }
+
+    #[test]
+    fn restart_resets_counters_and_keeps_totals() {
+        let mut t = table(1);
+        let t0 = Instant::now();
+        t.apply(&upd(0, 5, 10, [0, 0, 10, 7, 2]), t0).unwrap();
+        let a = t.apply(&upd(0, 6, 1, [0, 0, 1, 0, 0]), t0).unwrap();
+        assert!(a.restarted);
+        let e = t.get(0);
+        assert_eq!((e.boot, e.seq, e.counts, e.finished_before, e.failed_before), (6, 1, [0, 0, 1, 0, 0], 7, 2));
+    }
+
+    #[test]
+    fn liveness_up_stale_down_and_readmission() {
+        let mut t = table(1);
+        let t0 = Instant::now();
+        t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
+        t.tick(ms(t0, 999));
+        assert_eq!(t.get(0).status, Status::Up);
+        t.tick(ms(t0, 1000));
+        assert_eq!((t.get(0).status, t.epoch()), (Status::Stale, 1));
+        assert_eq!(t.get(0).penalty, 1.0);
+        t.tick(ms(t0, 3000));
+        assert_eq!((t.get(0).status, t.epoch()), (Status::Down, 2));
+        // One update is not enough; a gap above stale_after restarts the count.
+        t.apply(&upd(0, 1, 2, [0; 5]), ms(t0, 3100)).unwrap();
+        assert_eq!(t.get(0).status, Status::Down);
+        t.apply(&upd(0, 1, 3, [0; 5]), ms(t0, 4200)).unwrap();
+        assert_eq!(t.get(0).status, Status::Down);
+        t.apply(&upd(0, 1, 4, [0; 5]), ms(t0, 5200)).unwrap();
+        assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 3));
+        assert_eq!(t.get(0).penalty, 0.0);
+    }
+
+    #[test]
+    fn stale_rank_is_up_again_on_its_next_update() {
+        let mut t = table(1);
+        let t0 = Instant::now();
+        t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
+        t.tick(ms(t0, 1500));
+        t.apply(&upd(0, 1, 2, [0; 5]), ms(t0, 1600)).unwrap();
+        assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 1));
+    }
+
+    #[test]
+    fn failed_health_reports_raise_penalty_which_decays() {
+        let mut t = table(2);
+        let t0 = Instant::now();
+        t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
+        t.record_health_report(0, false, t0);
+        t.record_health_report(0, false, t0);
+        t.record_health_report(0, true, t0);
+        t.tick(t0);
+        assert_eq!(t.get(0).penalty, 2.0);
+        t.tick(ms(t0, 5000));
+        assert!((t.get(0).penalty - 1.0).abs() < 1e-9, "{}", t.get(0).penalty);
+        assert_eq!(t.get(1).penalty, 0.0);
+    }
+}

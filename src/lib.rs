@@ -1,0 +1,20 @@
+//! dpcoord: a data-parallel rank coordinator for LLM serving.
+//!
+//! Engines (DP ranks) publish stats over ZeroMQ; frontends ask dpcoord which
+//! rank takes each request; probers use a separate health channel whose
+//! state cannot touch user routing. See README.md and PROTOCOL.md.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod coordinator;
+pub mod daemon;
+pub mod droplog;
+pub mod engine;
+pub mod health;
+pub mod metrics;
+pub mod penalty;
+pub mod policy;
+pub mod transport;
+pub mod user;
+pub mod window;
+pub mod wire;

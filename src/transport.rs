@@ -1,0 +1,235 @@
+//! ZeroMQ transport: the only module that touches sockets.
+//!
+//! One thread polls the stats SUB and the route and health ROUTER sockets,
+//! hands each payload to the coordinator, and sends the reply back along the
+//! request's envelope. There is no routing logic here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::wire::Channel;
+
+/// Frames kept of one request's envelope and body; more is refused.
+const MAX_FRAMES: usize = 8;
+/// Messages taken from one socket per poll round, so no socket starves another.
+const BATCH: usize = 256;
+/// Longest poll wait, which bounds how fast a stop request is seen.
+const MAX_WAIT: Duration = Duration::from_millis(50);
+/// How long close waits to flush replies already queued.
+const LINGER: Duration = Duration::from_millis(1000);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot {what} the {socket} socket to {endpoint}: {source}")]
+    Endpoint { what: &'static str, socket: &'static str, endpoint: String, source: zmq::Error },
+    #[error("cannot start the coordinator thread: {0}")]
+    Thread(std::io::Error),
+    #[error("zeromq error on the {socket} socket: {source}")]
+    Socket { socket: &'static str, source: zmq::Error },
+}
+
+pub struct Sockets {
+    // Field order matters: sockets close before the context drops.
+    stats: zmq::Socket,
+    route: zmq::Socket,
+    health: zmq::Socket,
+    _ctx: zmq::Context,
+}
+
+fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
+    move |source| TransportError::Socket { socket, source }
+}
+
+fn router(ctx: &zmq::Context, name: &'static str, endpoint: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
+    let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
+    // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
+    let backstop = (cfg.limits.max_message_bytes as i64).saturating_mul(16);
+    s.set_maxmsgsize(backstop).map_err(sock_err(name))?;
+    s.set_linger(LINGER.as_millis() as i32).map_err(sock_err(name))?;
+    s.set_ipv6(true).map_err(sock_err(name))?;
+    s.bind(endpoint).map_err(|source| TransportError::Endpoint {
+        what: "bind",
+        socket: name,
+        endpoint: endpoint.into(),
+        source,
+    })?;
+    Ok(s)
+}
+
+impl Sockets {
+    /// Creates and binds/connects every socket the config names.
+    pub fn open(cfg: &Config) -> Result<Sockets, TransportError> {
+        let ctx = zmq::Context::new();
+        let stats = ctx.socket(zmq::SUB).map_err(sock_err("stats"))?;
+        stats.set_maxmsgsize(cfg.limits.max_message_bytes as i64).map_err(sock_err("stats"))?;
+        stats.set_subscribe(b"").map_err(sock_err("stats"))?;
+        stats.set_linger(0).map_err(sock_err("stats"))?;
+        stats.set_ipv6(true).map_err(sock_err("stats"))?;
+        if let Some(ep) = &cfg.server.stats_bind {
+            stats.bind(ep).map_err(|source| TransportError::Endpoint {
+                what: "bind",
+                socket: "stats",
+                endpoint: ep.clone(),
+                source,
+            })?;
+        }
+        for ep in &cfg.server.stats_connect {
+            stats.connect(ep).map_err(|source| TransportError::Endpoint {
+                what: "connect",
+                socket: "stats",
+                endpoint: ep.clone(),
+                source,
+            })?;
+        }
+        let route = router(&ctx, "route", &cfg.server.route_bind, cfg)?;
+        let health = router(&ctx, "health", &cfg.server.health_bind, cfg)?;
+        Ok(Sockets { stats, route, health, _ctx: ctx })
+    }
+}
+
+/// Reusable frames of one multipart request.
+struct Frames {
+    frames: Vec<zmq::Message>,
+    len: usize,
+    overflow: bool,
+    reply: Vec<u8>,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Frames {
+            frames: (0..MAX_FRAMES).map(|_| zmq::Message::new()).collect(),
+            len: 0,
+            overflow: false,
+            reply: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Receives one whole multipart message; `false` when none is waiting.
+    fn recv(&mut self, s: &zmq::Socket) -> Result<bool, zmq::Error> {
+        self.len = 0;
+        self.overflow = false;
+        let mut scratch = zmq::Message::new();
+        loop {
+            let flags = if self.len == 0 { zmq::DONTWAIT } else { 0 };
+            let msg = if self.len < MAX_FRAMES { &mut self.frames[self.len] } else { &mut scratch };
+            match s.recv(msg, flags) {
+                Ok(()) => {}
+                Err(zmq::Error::EAGAIN) if self.len == 0 => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            let more = msg.get_more();
+            if self.len < MAX_FRAMES {
+                self.len += 1;
+            } else {
+                self.overflow = true;
+            }
+            if !more {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Splits at the first empty frame after the identity (REQ, or DEALER
+    /// with a delimiter); without one, the envelope is the identity alone.
+    fn split(&self) -> (usize, &[zmq::Message]) {
+        let got = &self.frames[..self.len];
+        let env = got.iter().skip(1).position(|f| f.is_empty()).map_or(1, |i| i + 2);
+        (env.min(got.len()), &got[env.min(got.len())..])
+    }
+}
+
+fn serve_one(s: &zmq::Socket, ch: Channel, f: &mut Frames, coord: &mut Coordinator) -> Result<bool, zmq::Error> {
+    if !f.recv(s)? {
+        return Ok(false);
+    }
+    let now = Instant::now();
+    let mut reply = std::mem::take(&mut f.reply);
+    let (env, body) = f.split();
+    match body {
+        [payload] if !f.overflow => coord.on_query(ch, payload, now, &mut reply),
+        _ => coord.on_bad_frames(ch, body.len(), now, &mut reply),
+    }
+    for frame in &f.frames[..env] {
+        s.send(&frame[..], zmq::SNDMORE | zmq::DONTWAIT)?;
+    }
+    if let Err(e) = s.send(&reply[..], zmq::DONTWAIT) {
+        // ROUTER drops replies to peers that are gone or not reading.
+        tracing::debug!(channel = ch.as_str(), error = %e, "reply not sent");
+    }
+    f.reply = reply;
+    Ok(true)
+}
+
+fn drain_stats(s: &zmq::Socket, msg: &mut zmq::Message, coord: &mut Coordinator) -> Result<(), zmq::Error> {
+    for _ in 0..BATCH * 4 {
+        match s.recv(msg, zmq::DONTWAIT) {
+            Ok(()) => {}
+            Err(zmq::Error::EAGAIN) => break,
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        if msg.get_more() {
+            // A multipart update breaks the one-frame rule: drop all its frames.
+            while msg.get_more() {
+                s.recv(msg, 0)?;
+            }
+            coord.on_stats(b"", now);
+        } else {
+            coord.on_stats(msg, now);
+        }
+    }
+    Ok(())
+}
+
+fn drain_queries(
+    s: &zmq::Socket,
+    ch: Channel,
+    f: &mut Frames,
+    coord: &mut Coordinator,
+    limit: usize,
+) -> Result<(), TransportError> {
+    let name = ch.as_str();
+    for _ in 0..limit {
+        if !serve_one(s, ch, f, coord).map_err(sock_err(name))? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Serves until `stop` is set, then answers the queries already queued.
+pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Result<(), TransportError> {
+    let Sockets { stats, route, health, _ctx } = &sockets;
+    let mut frames = Frames::new();
+    let mut stats_msg = zmq::Message::new();
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= coord.next_tick() {
+            coord.tick(now);
+        }
+        let wait = coord.next_tick().saturating_duration_since(now).min(MAX_WAIT);
+        let mut items =
+            [stats.as_poll_item(zmq::POLLIN), route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
+        match zmq::poll(&mut items, wait.as_millis() as i64 + 1) {
+            Ok(_) | Err(zmq::Error::EINTR) => {}
+            Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
+        }
+        let ready = items.map(|i| i.is_readable());
+        if ready[0] {
+            drain_stats(stats, &mut stats_msg, coord).map_err(sock_err("stats"))?;
+        }
+        if ready[1] {
+            drain_queries(route, Channel::Route, &mut frames, coord, BATCH)?;
+        }
+        if ready[2] {
+            drain_queries(health, Channel::Health, &mut frames, coord, BATCH)?;
+        }
+    }
+    // Answer what is already queued, then close (linger flushes the replies).
+    drain_queries(route, Channel::Route, &mut frames, coord, usize::MAX)?;
+    drain_queries(health, Channel::Health, &mut frames, coord, usize::MAX)?;
+    Ok(())
+}

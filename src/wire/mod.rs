@@ -1,0 +1,82 @@
+//! Bytes <-> typed messages: queries, stats updates and replies.
+//!
+//! This module owns the wire contract (PROTOCOL.md). It does no I/O and holds
+//! no state: the transport hands it frames, the coordinator hands it answers.
+
+pub mod msgpack;
+mod query;
+mod reply;
+mod stats;
+
+pub use query::{decode_query, Channel, Op, Query, QueryLimits, Rejected, RouteRequest, Target};
+pub use reply::{encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView};
+pub use stats::{decode_stats, StatsUpdate};
+
+use serde::{Serialize, Serializer};
+
+/// The contract's error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadRequest,
+    UnsupportedVersion,
+    UnknownOp,
+    InvalidRank,
+    RankUnavailable,
+    NoEngineAvailable,
+    TooLarge,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 7] = [
+        ErrorCode::BadRequest,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::UnknownOp,
+        ErrorCode::InvalidRank,
+        ErrorCode::RankUnavailable,
+        ErrorCode::NoEngineAvailable,
+        ErrorCode::TooLarge,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnsupportedVersion => "unsupported_version",
+            ErrorCode::UnknownOp => "unknown_op",
+            ErrorCode::InvalidRank => "invalid_rank",
+            ErrorCode::RankUnavailable => "rank_unavailable",
+            ErrorCode::NoEngineAvailable => "no_engine_available",
+            ErrorCode::TooLarge => "too_large",
+        }
+    }
+}
+
+/// A refused query: the code and a message a person can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WireError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError { code, message: message.into() }
+    }
+}
+
+/// A query's `id`, echoed verbatim in its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Id<'a> {
+    Str(&'a str),
+    Int(i64),
+    UInt(u64),
+}
+
+impl Serialize for Id<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            Id::Str(v) => s.serialize_str(v),
+            Id::Int(v) => s.serialize_i64(v),
+            Id::UInt(v) => s.serialize_u64(v),
+        }
+    }
+}

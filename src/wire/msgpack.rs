@@ -1,0 +1,243 @@
+//! A tiny, allocation-free MessagePack reader over a byte slice.
+//!
+//! It reads one value header at a time, so decoders can walk a map, pick the
+//! keys they know and skip the rest without building a tree. Nothing here
+//! trusts a length prefix: every read is checked against the bytes actually
+//! present, so no input can make it allocate or loop beyond its own size.
+
+use rmp::Marker;
+
+/// One MessagePack value, read shallowly: containers give their length only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value<'a> {
+    Nil,
+    Bool(bool),
+    /// Any integer, signed or unsigned, widened.
+    Int(i128),
+    Float(f64),
+    Str(&'a str),
+    Bin(&'a [u8]),
+    Array(u32),
+    Map(u32),
+    Ext,
+}
+
+impl Value<'_> {
+    /// A short name of the value's type, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Nil => "nil",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Bin(_) => "binary",
+            Value::Array(_) => "an array",
+            Value::Map(_) => "a map",
+            Value::Ext => "an extension value",
+        }
+    }
+}
+
+/// The input ended early or held something that is not MessagePack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("message is truncated")]
+    Truncated,
+    #[error("message uses a reserved MessagePack marker")]
+    Reserved,
+    #[error("a string is not valid UTF-8")]
+    Utf8,
+}
+
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    /// True when every byte has been consumed.
+    pub fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
+        let end = self.pos.checked_add(n).ok_or(ReadError::Truncated)?;
+        let bytes = self.buf.get(self.pos..end).ok_or(ReadError::Truncated)?;
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    fn be<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn len8(&mut self) -> Result<usize, ReadError> {
+        Ok(self.be::<1>()?[0] as usize)
+    }
+    fn len16(&mut self) -> Result<usize, ReadError> {
+        Ok(u16::from_be_bytes(self.be()?) as usize)
+    }
+    fn len32(&mut self) -> Result<u32, ReadError> {
+        Ok(u32::from_be_bytes(self.be()?))
+    }
+
+    fn str_of(&mut self, len: usize) -> Result<Value<'a>, ReadError> {
+        let bytes = self.take(len)?;
+        std::str::from_utf8(bytes).map(Value::Str).map_err(|_| ReadError::Utf8)
+    }
+
+    /// Reads the next value's header (and its payload, for scalars).
+    pub fn read(&mut self) -> Result<Value<'a>, ReadError> {
+        let marker = Marker::from_u8(self.be::<1>()?[0]);
+        Ok(match marker {
+            Marker::Null => Value::Nil,
+            Marker::True => Value::Bool(true),
+            Marker::False => Value::Bool(false),
+            Marker::FixPos(v) => Value::Int(v.into()),
+            Marker::FixNeg(v) => Value::Int(v.into()),
+            Marker::U8 => Value::Int(self.be::<1>()?[0].into()),
+            Marker::U16 => Value::Int(u16::from_be_bytes(self.be()?).into()),
+            Marker::U32 => Value::Int(u32::from_be_bytes(self.be()?).into()),
+            Marker::U64 => Value::Int(u64::from_be_bytes(self.be()?).into()),
+            Marker::I8 => Value::Int(i8::from_be_bytes(self.be()?).into()),
+            Marker::I16 => Value::Int(i16::from_be_bytes(self.be()?).into()),
+            Marker::I32 => Value::Int(i32::from_be_bytes(self.be()?).into()),
+            Marker::I64 => Value::Int(i64::from_be_bytes(self.be()?).into()),
+            Marker::F32 => Value::Float(f32::from_be_bytes(self.be()?).into()),
+            Marker::F64 => Value::Float(f64::from_be_bytes(self.be()?)),
+            Marker::FixStr(n) => self.str_of(n as usize)?,
+            Marker::Str8 => {
+                let n = self.len8()?;
+                self.str_of(n)?
+            }
+            Marker::Str16 => {
+                let n = self.len16()?;
+                self.str_of(n)?
+            }
+            Marker::Str32 => {
+                let n = self.len32()? as usize;
+                self.str_of(n)?
+            }
+            Marker::Bin8 => {
+                let n = self.len8()?;
+                Value::Bin(self.take(n)?)
+            }
+            Marker::Bin16 => {
+                let n = self.len16()?;
+                Value::Bin(self.take(n)?)
+            }
+            Marker::Bin32 => {
+                let n = self.len32()? as usize;
+                Value::Bin(self.take(n)?)
+            }
+            Marker::FixArray(n) => Value::Array(n.into()),
+            Marker::Array16 => Value::Array(self.len16()? as u32),
+            Marker::Array32 => Value::Array(self.len32()?),
+            Marker::FixMap(n) => Value::Map(n.into()),
+            Marker::Map16 => Value::Map(self.len16()? as u32),
+            Marker::Map32 => Value::Map(self.len32()?),
+            Marker::FixExt1 => self.ext(1)?,
+            Marker::FixExt2 => self.ext(2)?,
+            Marker::FixExt4 => self.ext(4)?,
+            Marker::FixExt8 => self.ext(8)?,
+            Marker::FixExt16 => self.ext(16)?,
+            Marker::Ext8 => {
+                let n = self.len8()?;
+                self.ext(n)?
+            }
+            Marker::Ext16 => {
+                let n = self.len16()?;
+                self.ext(n)?
+            }
+            Marker::Ext32 => {
+                let n = self.len32()? as usize;
+                self.ext(n)?
+            }
+            Marker::Reserved => return Err(ReadError::Reserved),
+        })
+    }
+
+    fn ext(&mut self, len: usize) -> Result<Value<'a>, ReadError> {
+        self.take(1 + len)?; // type byte + payload
+        Ok(Value::Ext)
+    }
+
+    /// Skips whatever is left of a value whose header `first` was just read
+    /// (the contents of an array or map; nothing for a scalar). Iterative, so
+    /// deep nesting cannot overflow the stack; each step consumes input, so
+    /// it ends within the message's length.
+    pub fn skip_rest(&mut self, first: Value<'a>) -> Result<(), ReadError> {
+        let mut remaining: u64 = children(first);
+        while remaining > 0 {
+            remaining -= 1;
+            remaining += children(self.read()?);
+        }
+        Ok(())
+    }
+}
+
+fn children(v: Value<'_>) -> u64 {
+    match v {
+        Value::Array(n) => u64::from(n),
+        Value::Map(n) => 2 * u64::from(n),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
+        rmp_serde::to_vec_named(v).unwrap()
+    }
+
+    #[test]
+    fn reads_scalars_of_every_width() {
+        for n in [0i128, 1, 127, 128, 255, 256, 65535, 65536, u32::MAX as i128 + 1] {
+            let b = enc(&(n as u64));
+            assert_eq!(Reader::new(&b).read(), Ok(Value::Int(n)));
+        }
+        for n in [-1i128, -32, -33, -129, -32769, i64::MIN as i128] {
+            let b = enc(&(n as i64));
+            assert_eq!(Reader::new(&b).read(), Ok(Value::Int(n)));
+        }
+        assert_eq!(Reader::new(&enc(&1.5f64)).read(), Ok(Value::Float(1.5)));
+        assert_eq!(Reader::new(&enc(&2.5f32)).read(), Ok(Value::Float(2.5)));
+        assert_eq!(Reader::new(&enc(&"hé")).read(), Ok(Value::Str("hé")));
+        assert_eq!(Reader::new(&[0xc0]).read(), Ok(Value::Nil));
+        assert_eq!(Reader::new(&[0xc3]).read(), Ok(Value::Bool(true)));
+    }
+
+    #[test]
+    fn skips_nested_containers() {
+        let b = enc(&(vec![vec![1u8, 2], vec![3]], "tail"));
+        let mut r = Reader::new(&b);
+        let outer = r.read().unwrap();
+        assert_eq!(outer, Value::Array(2));
+        let first = r.read().unwrap();
+        r.skip_rest(first).unwrap();
+        assert_eq!(r.read(), Ok(Value::Str("tail")));
+        assert!(r.at_end());
+    }
+
+    #[test]
+    fn lying_lengths_are_truncation_not_allocation() {
+        // array32 claiming 4 billion elements, then nothing.
+        let b = [0xdd, 0xff, 0xff, 0xff, 0xff];
+        let mut r = Reader::new(&b);
+        let v = r.read().unwrap();
+        assert_eq!(r.skip_rest(v), Err(ReadError::Truncated));
+        // str32 claiming 4 GiB.
+        assert_eq!(Reader::new(&[0xdb, 0xff, 0xff, 0xff, 0xff, b'a']).read(), Err(ReadError::Truncated));
+        assert_eq!(Reader::new(&[0xc1]).read(), Err(ReadError::Reserved));
+        assert_eq!(Reader::new(&[0xa2, 0xff, 0xfe]).read(), Err(ReadError::Utf8));
+    }
+}

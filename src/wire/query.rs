@@ -1,0 +1,388 @@
+//! Decoding of frontend and prober queries (route and health sockets).
+//!
+//! A query is one MessagePack map with string keys. Decoding checks every
+//! rule of the contract that needs no engine state (size, version, op, types,
+//! ranges) and turns a violation into a [`WireError`] with the contract's code
+//! and a message a person can act on. Routability is judged later, by the
+//! dispatchers.
+
+use super::msgpack::{Reader, Value};
+use super::{ErrorCode, Id, WireError};
+
+/// Which socket a query arrived on; decides which ops are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Route,
+    Health,
+}
+
+impl Channel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Route => "route",
+            Channel::Health => "health",
+        }
+    }
+}
+
+/// What the query asks for, with its op-specific fields checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op<'a> {
+    Ping,
+    State,
+    Route(RouteRequest<'a>),
+    HealthRoute(Target),
+    HealthReport { rank: u32, ok: bool },
+}
+
+/// Where a placement must go, if the query says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The policy decides.
+    Policy,
+    /// An explicit `rank` pin (already checked to be `< dp_size`).
+    Pinned(u32),
+    /// `bootstrap_room % dp_size`, for PD disaggregation.
+    Room(u64),
+}
+
+impl Target {
+    /// The rank a pinned or room target resolves to; `None` for the policy.
+    pub fn fixed_rank(self, dp_size: u32) -> Option<u32> {
+        match self {
+            Target::Policy => None,
+            Target::Pinned(r) => Some(r),
+            Target::Room(room) => Some((room % u64::from(dp_size)) as u32),
+        }
+    }
+}
+
+/// A user routing request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRequest<'a> {
+    pub n: u32,
+    pub prompt_tokens: Option<u64>,
+    pub target: Target,
+    pub session: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query<'a> {
+    pub id: Option<Id<'a>>,
+    pub op: Op<'a>,
+}
+
+/// The limits a query is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryLimits {
+    pub dp_size: u32,
+    pub max_batch: u32,
+    pub max_message_bytes: usize,
+}
+
+/// The keys a query may carry, as read from the map (nil = absent).
+#[derive(Default)]
+struct Fields<'a> {
+    v: Option<Value<'a>>,
+    op: Option<Value<'a>>,
+    id: Option<Value<'a>>,
+    n: Option<Value<'a>>,
+    prompt_tokens: Option<Value<'a>>,
+    rank: Option<Value<'a>>,
+    bootstrap_room: Option<Value<'a>>,
+    session: Option<Value<'a>>,
+    ok: Option<Value<'a>>,
+}
+
+/// A decode failure, with the id when it could still be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected<'a> {
+    pub id: Option<Id<'a>>,
+    pub error: WireError,
+}
+
+fn bad(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::BadRequest, message)
+}
+
+fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
+    let mut r = Reader::new(bytes);
+    let undecodable = |e| bad(format!("query is not valid MessagePack: {e}"));
+    let len = match r.read().map_err(undecodable)? {
+        Value::Map(n) => n,
+        other => {
+            return Err(bad(format!("query must be a MessagePack map with string keys, got {}", other.type_name())))
+        }
+    };
+    let mut f = Fields::default();
+    for _ in 0..len {
+        let key = match r.read().map_err(undecodable)? {
+            Value::Str(k) => k,
+            other => return Err(bad(format!("map keys must be strings, got {}", other.type_name()))),
+        };
+        let value = r.read().map_err(undecodable)?;
+        r.skip_rest(value).map_err(undecodable)?;
+        let slot = match key {
+            "v" => &mut f.v,
+            "op" => &mut f.op,
+            "id" => &mut f.id,
+            "n" => &mut f.n,
+            "prompt_tokens" => &mut f.prompt_tokens,
+            "rank" => &mut f.rank,
+            "bootstrap_room" => &mut f.bootstrap_room,
+            "session" => &mut f.session,
+            "ok" => &mut f.ok,
+            _ => continue, // unknown keys are ignored
+        };
+        *slot = (value != Value::Nil).then_some(value);
+    }
+    if !r.at_end() {
+        return Err(bad("trailing bytes after the query map"));
+    }
+    Ok(f)
+}
+
+fn uint(name: &str, v: Value<'_>) -> Result<u64, WireError> {
+    match v {
+        Value::Int(i) => u64::try_from(i).map_err(|_| bad(format!("`{name}` must be a non-negative integer, got {i}"))),
+        other => Err(bad(format!("`{name}` must be an integer, got {}", other.type_name()))),
+    }
+}
+
+fn decode_id(v: Option<Value<'_>>) -> Result<Option<Id<'_>>, WireError> {
+    match v {
+        None => Ok(None),
+        Some(Value::Str(s)) => Ok(Some(Id::Str(s))),
+        Some(Value::Int(i)) => i64::try_from(i)
+            .map(Id::Int)
+            .or_else(|_| u64::try_from(i).map(Id::UInt))
+            .map(Some)
+            .map_err(|_| bad("`id` is out of the 64-bit range")),
+        Some(other) => Err(bad(format!("`id` must be a string or an integer, got {}", other.type_name()))),
+    }
+}
+
+fn decode_rank(v: Value<'_>, dp_size: u32) -> Result<u32, WireError> {
+    match v {
+        Value::Int(i) if (0..i128::from(dp_size)).contains(&i) => Ok(i as u32),
+        Value::Int(i) => Err(WireError::new(
+            ErrorCode::InvalidRank,
+            format!("`rank` {i} is out of range: dp_size is {dp_size}, so ranks are 0..={}", dp_size - 1),
+        )),
+        other => Err(bad(format!("`rank` must be an integer, got {}", other.type_name()))),
+    }
+}
+
+fn decode_target(f: &Fields<'_>, dp_size: u32) -> Result<Target, WireError> {
+    // `rank` wins over `bootstrap_room` when both are present.
+    if let Some(v) = f.rank {
+        return decode_rank(v, dp_size).map(Target::Pinned);
+    }
+    match f.bootstrap_room {
+        Some(v) => uint("bootstrap_room", v).map(Target::Room),
+        None => Ok(Target::Policy),
+    }
+}
+
+fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a>, WireError> {
+    let n = match f.n {
+        None => 1,
+        Some(v) => match uint("n", v)? {
+            0 => return Err(bad("`n` must be at least 1")),
+            n if n > u64::from(lim.max_batch) => {
+                return Err(WireError::new(
+                    ErrorCode::TooLarge,
+                    format!("`n` is {n}, above max_batch {}; split the batch", lim.max_batch),
+                ))
+            }
+            n => n as u32,
+        },
+    };
+    let prompt_tokens = f.prompt_tokens.map(|v| uint("prompt_tokens", v)).transpose()?;
+    let target = decode_target(f, lim.dp_size)?;
+    let session = match f.session {
+        None => None,
+        Some(Value::Str(s)) => Some(s),
+        Some(other) => return Err(bad(format!("`session` must be a string, got {}", other.type_name()))),
+    };
+    Ok(RouteRequest { n, prompt_tokens, target, session })
+}
+
+fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<Op<'static>, WireError> {
+    let rank = f.rank.ok_or_else(|| bad("`health_report` needs `rank`"))?;
+    let rank = decode_rank(rank, dp_size)?;
+    let ok = match f.ok {
+        Some(Value::Bool(b)) => b,
+        None => return Err(bad("`health_report` needs `ok` (true or false)")),
+        Some(other) => return Err(bad(format!("`ok` must be a boolean, got {}", other.type_name()))),
+    };
+    Ok(Op::HealthReport { rank, ok })
+}
+
+fn decode_op<'a>(name: &str, f: &Fields<'a>, ch: Channel, lim: &QueryLimits) -> Result<Op<'a>, WireError> {
+    let wrong_socket = |other: Channel| {
+        WireError::new(
+            ErrorCode::UnknownOp,
+            format!("op `{name}` is served on the {} socket, not the {} socket", other.as_str(), ch.as_str()),
+        )
+    };
+    match (name, ch) {
+        ("ping", _) => Ok(Op::Ping),
+        ("state", _) => Ok(Op::State),
+        ("route", Channel::Route) => decode_route(f, lim).map(Op::Route),
+        ("route", Channel::Health) => Err(wrong_socket(Channel::Route)),
+        ("health_route", Channel::Health) => decode_target(f, lim.dp_size).map(Op::HealthRoute),
+        ("health_report", Channel::Health) => decode_report(f, lim.dp_size),
+        ("health_route" | "health_report", Channel::Route) => Err(wrong_socket(Channel::Health)),
+        _ => {
+            let served = match ch {
+                Channel::Route => "route, ping, state",
+                Channel::Health => "health_route, health_report, ping, state",
+            };
+            Err(WireError::new(
+                ErrorCode::UnknownOp,
+                format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()),
+            ))
+        }
+    }
+}
+
+/// Decodes and checks one query that arrived on `ch`.
+pub fn decode_query<'a>(bytes: &'a [u8], ch: Channel, lim: &QueryLimits) -> Result<Query<'a>, Rejected<'a>> {
+    let reject = |id, error| Rejected { id, error };
+    if bytes.len() > lim.max_message_bytes {
+        let msg = format!("query is {} bytes, above max_message_bytes {}", bytes.len(), lim.max_message_bytes);
+        return Err(reject(None, WireError::new(ErrorCode::TooLarge, msg)));
+    }
+    let f = read_fields(bytes).map_err(|e| reject(None, e))?;
+    let id = decode_id(f.id).map_err(|e| reject(None, e))?;
+    let fail = |error| Rejected { id, error };
+    match f.v {
+        None => return Err(fail(bad("missing `v` (protocol version, must be 1)"))),
+        Some(Value::Int(1)) => {}
+        Some(Value::Int(v)) => {
+            let msg = format!("protocol version {v} is not supported; this dpcoord speaks version 1");
+            return Err(fail(WireError::new(ErrorCode::UnsupportedVersion, msg)));
+        }
+        Some(other) => return Err(fail(bad(format!("`v` must be an integer, got {}", other.type_name())))),
+    }
+    let name = match f.op {
+        Some(Value::Str(s)) => s,
+        None => return Err(fail(bad("missing `op`"))),
+        Some(other) => return Err(fail(bad(format!("`op` must be a string, got {}", other.type_name())))),
+    };
+    let op = decode_op(name, &f, ch, lim).map_err(fail)?;
+    Ok(Query { id, op })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    const LIM: QueryLimits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
+
+    /// Encodes a map from (key, value) pairs of any serializable values.
+    fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
+        let map = rmpv::Value::Map(pairs.iter().map(|(k, v)| ((*k).into(), v.clone())).collect());
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &map).unwrap();
+        out
+    }
+
+    fn code(bytes: &[u8], ch: Channel) -> ErrorCode {
+        decode_query(bytes, ch, &LIM).unwrap_err().error.code
+    }
+
+    #[test]
+    fn route_with_all_fields() {
+        let b = q(&[
+            ("v", 1.into()),
+            ("op", "route".into()),
+            ("id", "req-7".into()),
+            ("n", 3.into()),
+            ("prompt_tokens", 512.into()),
+            ("session", "s1".into()),
+            ("extra", rmpv::Value::Array(vec![1.into(), 2.into()])),
+        ]);
+        let got = decode_query(&b, Channel::Route, &LIM).unwrap();
+        assert_eq!(got.id, Some(Id::Str("req-7")));
+        assert_eq!(
+            got.op,
+            Op::Route(RouteRequest { n: 3, prompt_tokens: Some(512), target: Target::Policy, session: Some("s1") })
+        );
+    }
+
+    #[test]
+    fn nil_counts_as_absent_and_rank_wins_over_room() {
+        let b = q(&[
+            ("v", 1.into()),
+            ("op", "route".into()),
+            ("n", rmpv::Value::Nil),
+            ("rank", 5.into()),
+            ("bootstrap_room", 3.into()),
+        ]);
+        let Op::Route(r) = decode_query(&b, Channel::Route, &LIM).unwrap().op else { panic!() };
+        assert_eq!((r.n, r.target), (1, Target::Pinned(5)));
+        assert_eq!(Target::Room(19).fixed_rank(8), Some(3));
+    }
+
+    #[test]
+    fn every_error_code_from_decoding() {
+        let base = |extra: &[(&str, rmpv::Value)]| {
+            let mut v = vec![("v", rmpv::Value::from(1)), ("op", "route".into())];
+            v.extend_from_slice(extra);
+            q(&v)
+        };
+        assert_eq!(code(b"\xc1", Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&rmp_serde::to_vec(&[1, 2]).unwrap(), Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&q(&[("op", "route".into())]), Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&q(&[("v", 2.into()), ("op", "route".into())]), Channel::Route), ErrorCode::UnsupportedVersion);
+        assert_eq!(code(&q(&[("v", 1.into()), ("op", "fly".into())]), Channel::Route), ErrorCode::UnknownOp);
+        assert_eq!(code(&q(&[("v", 1.into()), ("op", "route".into())]), Channel::Health), ErrorCode::UnknownOp);
+        assert_eq!(code(&q(&[("v", 1.into()), ("op", "health_route".into())]), Channel::Route), ErrorCode::UnknownOp);
+        assert_eq!(code(&base(&[("n", 0.into())]), Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&base(&[("n", "2".into())]), Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&base(&[("n", 1025.into())]), Channel::Route), ErrorCode::TooLarge);
+        assert_eq!(code(&base(&[("rank", 8.into())]), Channel::Route), ErrorCode::InvalidRank);
+        assert_eq!(code(&base(&[("rank", (-1).into())]), Channel::Route), ErrorCode::InvalidRank);
+        assert_eq!(code(&base(&[("session", 3.into())]), Channel::Route), ErrorCode::BadRequest);
+        assert_eq!(code(&base(&[("bootstrap_room", (-3).into())]), Channel::Route), ErrorCode::BadRequest);
+        let big = base(&[("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
+        assert_eq!(code(&big, Channel::Route), ErrorCode::TooLarge);
+    }
+
+    #[test]
+    fn id_is_echoed_even_when_rejected() {
+        let b = q(&[("v", 9.into()), ("op", "route".into()), ("id", 42.into())]);
+        let rej = decode_query(&b, Channel::Route, &LIM).unwrap_err();
+        assert_eq!(rej.id, Some(Id::Int(42)));
+        assert!(rej.error.message.contains("version 9"), "{}", rej.error.message);
+    }
+
+    #[test]
+    fn health_report_needs_rank_and_bool() {
+        let h = |extra: &[(&str, rmpv::Value)]| {
+            let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];
+            v.extend_from_slice(extra);
+            let bytes = q(&v);
+            decode_query(&bytes, Channel::Health, &LIM).map(|q| format!("{:?}", q.op)).map_err(|r| r.error.code)
+        };
+        assert_eq!(
+            h(&[("rank", 2.into()), ("ok", false.into())]),
+            Ok(format!("{:?}", Op::HealthReport { rank: 2, ok: false }))
+        );
+        assert_eq!(h(&[("ok", false.into())]), Err(ErrorCode::BadRequest));
+        assert_eq!(h(&[("rank", 2.into()), ("ok", 1.into())]), Err(ErrorCode::BadRequest));
+        assert_eq!(h(&[("rank", 9.into()), ("ok", true.into())]), Err(ErrorCode::InvalidRank));
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut m = BTreeMap::new();
+        m.insert("v", 1);
+        let mut b = rmp_serde::to_vec_named(&m).unwrap();
+        b.push(0xc0);
+        assert_eq!(code(&b, Channel::Route), ErrorCode::BadRequest);
+    }
+}

@@ -1,0 +1,150 @@
+//! Encoding of replies. Each function clears `out` and writes one MessagePack
+//! map into it, so the caller can reuse one buffer for every reply.
+
+use serde::Serialize;
+
+use super::{Id, WireError};
+
+const V: u8 = 1;
+
+#[derive(Serialize)]
+struct Ranks<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    ranks: &'a [u32],
+    epoch: u64,
+}
+
+#[derive(Serialize)]
+struct HealthRank<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    rank: u32,
+    epoch: u64,
+}
+
+#[derive(Serialize)]
+struct Ok<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'static str,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct Error<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    error: ErrorBody<'a>,
+}
+
+/// One rank in a `state` reply (and in `/state`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankView {
+    pub rank: u32,
+    pub status: &'static str,
+    pub counts: [u64; 5],
+    pub pending: u64,
+    pub routed: u64,
+    pub penalty: f64,
+    /// Milliseconds since the last valid update; nil while `unknown`.
+    pub age_ms: Option<u64>,
+    pub boot: Option<u64>,
+    /// The active policy's load estimate for this rank.
+    pub load: f64,
+}
+
+/// The engine table as the `state` op and `/state` show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StateView {
+    pub epoch: u64,
+    pub policy: &'static str,
+    pub ranks: Vec<RankView>,
+}
+
+#[derive(Serialize)]
+struct State<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    epoch: u64,
+    policy: &'static str,
+    ranks: &'a [RankView],
+}
+
+fn write<T: Serialize>(out: &mut Vec<u8>, value: &T) {
+    out.clear();
+    // Writing plain structs of strings and numbers into a Vec cannot fail.
+    if let Err(e) = rmp_serde::encode::write_named(out, value) {
+        unreachable!("encoding a reply into memory failed: {e}");
+    }
+}
+
+/// `{"v":1,"ok":true,"id":..,"ranks":[..],"epoch":E}`.
+pub fn encode_ranks(out: &mut Vec<u8>, id: Option<Id<'_>>, ranks: &[u32], epoch: u64) {
+    write(out, &Ranks { v: V, ok: true, id, ranks, epoch });
+}
+
+/// `{"v":1,"ok":true,"id":..,"rank":r,"epoch":E}`.
+pub fn encode_health_rank(out: &mut Vec<u8>, id: Option<Id<'_>>, rank: u32, epoch: u64) {
+    write(out, &HealthRank { v: V, ok: true, id, rank, epoch });
+}
+
+/// `{"v":1,"ok":true,"id":..}`, with `epoch` when given (ping).
+pub fn encode_ok(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: Option<u64>) {
+    write(out, &Ok { v: V, ok: true, id, epoch });
+}
+
+/// `{"v":1,"ok":false,"id":..,"error":{"code":C,"message":M}}`.
+pub fn encode_error(out: &mut Vec<u8>, id: Option<Id<'_>>, err: &WireError) {
+    let error = ErrorBody { code: err.code.as_str(), message: &err.message };
+    write(out, &Error { v: V, ok: false, id, error });
+}
+
+/// The `state` reply.
+pub fn encode_state(out: &mut Vec<u8>, id: Option<Id<'_>>, view: &StateView) {
+    write(out, &State { v: V, ok: true, id, epoch: view.epoch, policy: view.policy, ranks: &view.ranks });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ErrorCode;
+    use super::*;
+
+    fn decode(b: &[u8]) -> serde_json::Value {
+        rmp_serde::from_slice(b).unwrap()
+    }
+
+    #[test]
+    fn replies_have_the_contract_shape() {
+        let mut out = Vec::new();
+        encode_ranks(&mut out, Some(Id::Str("a")), &[1, 2], 7);
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":"a","ranks":[1,2],"epoch":7}));
+        encode_health_rank(&mut out, None, 3, 2);
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"rank":3,"epoch":2}));
+        encode_ok(&mut out, Some(Id::Int(-4)), Some(1));
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":-4,"epoch":1}));
+        encode_ok(&mut out, None, None);
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true}));
+        encode_error(&mut out, Some(Id::UInt(u64::MAX)), &WireError::new(ErrorCode::TooLarge, "big"));
+        assert_eq!(
+            decode(&out),
+            serde_json::json!({"v":1,"ok":false,"id":u64::MAX,"error":{"code":"too_large","message":"big"}})
+        );
+    }
+}
