@@ -4,6 +4,7 @@
 //! decodes them, decides, keeps the books and writes the reply bytes. It
 //! does no I/O, so it can be driven directly by tests and benchmarks.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
@@ -25,11 +26,39 @@ pub struct Coordinator {
     drops: DropLog,
     /// Reused buffer for the ranks of one route answer.
     placed: Vec<u32>,
+    /// The engine table as of the last tick, for readers on other threads.
+    published: Arc<Published>,
+}
+
+/// What the coordinator shares with other threads (the HTTP server): a
+/// snapshot of the engine table, replaced on every tick. Routing state
+/// itself is never shared.
+#[derive(Debug)]
+pub struct Published {
+    state: Mutex<Arc<StateView>>,
+}
+
+impl Published {
+    /// The engine table as of the last tick.
+    pub fn state(&self) -> Arc<StateView> {
+        match self.state.lock() {
+            Ok(s) => Arc::clone(&s),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    fn set(&self, view: StateView) {
+        let view = Arc::new(view);
+        match self.state.lock() {
+            Ok(mut s) => *s = view,
+            Err(poisoned) => *poisoned.into_inner() = view,
+        }
+    }
 }
 
 impl Coordinator {
     pub fn new(cfg: &Config, metrics: Metrics, now: Instant) -> Self {
-        Coordinator {
+        let c = Coordinator {
             limits: QueryLimits {
                 dp_size: cfg.engines.dp_size,
                 max_batch: cfg.limits.max_batch,
@@ -43,7 +72,15 @@ impl Coordinator {
             metrics,
             drops: DropLog::default(),
             placed: Vec::with_capacity(cfg.limits.max_batch as usize),
-        }
+            published: Arc::new(Published { state: Mutex::new(Arc::new(StateView::default())) }),
+        };
+        c.published.set(c.state_view(now));
+        c
+    }
+
+    /// The handle other threads read snapshots from.
+    pub fn published(&self) -> Arc<Published> {
+        Arc::clone(&self.published)
     }
 
     pub fn next_tick(&self) -> Instant {
@@ -147,6 +184,7 @@ impl Coordinator {
         self.engines.tick(now);
         self.user.tick(now);
         self.export(now);
+        self.published.set(self.state_view(now));
         self.next_tick = now + self.tick_every;
         self.metrics.tick_duration.observe(started.elapsed().as_secs_f64());
     }

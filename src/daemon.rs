@@ -6,12 +6,16 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, Published};
 use crate::metrics::Metrics;
 use crate::transport::{self, Sockets, TransportError};
 
 /// A running daemon; [`Daemon::stop`] ends it.
 pub struct Daemon {
+    /// The metrics registry, for the HTTP server.
+    pub registry: prometheus::Registry,
+    /// Engine-table snapshots, replaced every tick.
+    pub published: Arc<Published>,
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Result<(), TransportError>>,
 }
@@ -21,7 +25,9 @@ impl Daemon {
     pub fn start(cfg: &Config) -> Result<Daemon, TransportError> {
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.engines.dp_size);
+        let registry = metrics.registry.clone();
         let mut coord = Coordinator::new(cfg, metrics, Instant::now());
+        let published = coord.published();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -36,7 +42,7 @@ impl Daemon {
             policy = cfg.routing.policy.as_str(),
             "dpcoord serving"
         );
-        Ok(Daemon { stop, thread })
+        Ok(Daemon { registry, published, stop, thread })
     }
 
     /// True once the coordinator thread has ended (on error or stop).

@@ -113,7 +113,8 @@ impl Cli {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -151,8 +152,10 @@ fn serve(cfg: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let why = rt.block_on(wait_for_stop(&daemon));
-    tracing::info!(reason = ?why, "stopping");
+    match rt.block_on(wait_for_stop(&daemon)) {
+        Ok(why) => tracing::info!(reason = why, "stopping"),
+        Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
+    }
     match daemon.stop() {
         Ok(()) => {
             tracing::info!("stopped");

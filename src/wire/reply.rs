@@ -69,7 +69,7 @@ pub struct RankView {
 }
 
 /// The engine table as the `state` op and `/state` show it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateView {
     pub epoch: u64,
     pub policy: &'static str,
