@@ -114,17 +114,36 @@ impl Daemon {
     }
 
     /// Sends SIGTERM and waits for the exit status.
-    pub fn stop(mut self) -> ExitStatus {
+    pub fn stop(self) -> ExitStatus {
+        self.stop_with("TERM")
+    }
+
+    /// Sends `signal` (as `kill` names it: "TERM", "INT") and waits for the exit status.
+    pub fn stop_with(mut self, signal: &str) -> ExitStatus {
         let mut child = self.child.take().unwrap();
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let _ = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
         let start = Instant::now();
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
-            assert!(start.elapsed() < DEADLINE, "dpcoord did not exit after SIGTERM");
+            assert!(start.elapsed() < DEADLINE, "dpcoord did not exit after SIG{signal}");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// `(routed, pending)` of every rank, from `state`.
+    pub fn routed_pending(&self) -> Vec<(u64, u64)> {
+        let num = |v: &Value| v.as_u64().expect("a non-negative integer");
+        self.ranks().iter().map(|r| (num(&r["routed"]), num(&r["pending"]))).collect()
+    }
+
+    /// Polls `state` until `rank` shows `counts` (an update was applied); returns its entry.
+    pub fn await_counts(&self, rank: u32, counts: [u64; 5]) -> Value {
+        eventually(&format!("rank {rank} to show counts {counts:?}"), || {
+            let r = self.ranks().swap_remove(rank as usize);
+            (r["counts"] == json!(counts)).then_some(r)
+        })
     }
 }
 
@@ -194,6 +213,13 @@ impl Publisher {
     pub fn send_raw(&self, bytes: &[u8]) {
         self.sock.send(bytes, 0).unwrap();
     }
+}
+
+/// Encodes any MessagePack value, for messages JSON cannot express (NaN, binary, odd keys).
+pub fn msgpack(v: &rmpv::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, v).unwrap();
+    out
 }
 
 /// A valid `StatsUpdate`.
