@@ -28,15 +28,50 @@ pub enum LogFormat {
 /// The user routing policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyKind {
+    /// A pure rotation over routable ranks; ignores load and penalties.
     RoundRobin,
+    /// The lowest `(requests load + 1) * (1 + penalty)`.
+    LeastLoad,
+    /// The lowest `(token load + 1) * (1 + penalty)`.
+    LeastTokens,
+    /// The better of two seeded random routable ranks, by request cost.
+    PowerOfTwo,
 }
 
 impl PolicyKind {
+    pub const ALL: [PolicyKind; 4] =
+        [PolicyKind::RoundRobin, PolicyKind::LeastLoad, PolicyKind::LeastTokens, PolicyKind::PowerOfTwo];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::LeastTokens => "least_tokens",
+            PolicyKind::PowerOfTwo => "power_of_two",
         }
     }
+
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// Weights of the request load estimate `waiting*w + running*w + pending*w`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadWeights {
+    pub waiting: f64,
+    pub running: f64,
+    pub pending: f64,
+}
+
+/// Session affinity: bounded memory and when a session moves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sessions {
+    pub capacity: usize,
+    pub ttl: Duration,
+    /// A session stays on its rank while that rank's cost is at most this
+    /// many times the cheapest routable rank's cost.
+    pub max_load_ratio: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +99,10 @@ pub struct Routing {
     pub tick: Duration,
     pub pending_ttl: Duration,
     pub imbalance_window: Duration,
+    pub weights: LoadWeights,
+    pub sessions: Sessions,
+    /// Seed of power_of_two's random choices.
+    pub seed: u64,
 }
 
 /// Weights and caps of the result-metric penalty (see `penalty.rs`).
@@ -73,6 +112,12 @@ pub struct Penalty {
     pub stale: f64,
     pub health_failure: f64,
     pub health_half_life: Duration,
+    /// Weight of the smoothed failure ratio (0..1).
+    pub failure: f64,
+    /// Smoothing factor of the failure ratio per tick with completions.
+    pub failure_smoothing: f64,
+    /// Weight of `max(0, ttft / median ttft - 1)`.
+    pub ttft: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -255,15 +300,27 @@ fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
 }
 
 fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
-    let policy = match s.string("policy", "round_robin")?.as_str() {
-        "round_robin" => PolicyKind::RoundRobin,
-        other => return Err(err("routing.policy", format!("unknown policy \"{other}\"; available: round_robin"))),
-    };
+    let name = s.string("policy", "round_robin")?;
+    let policy = PolicyKind::parse(&name).ok_or_else(|| {
+        let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.as_str()).collect();
+        err("routing.policy", format!("unknown policy \"{name}\"; available: {}", known.join(", ")))
+    })?;
     let tick = s.ms("tick_ms", 100, 1, 10_000)?;
     let pending_ttl = s.ms("pending_ttl_ms", 2000, 1, 3_600_000)?;
     let imbalance_window = s.ms("imbalance_window_ms", 60_000, 1000, 86_400_000)?;
+    let weights = LoadWeights {
+        waiting: s.float("weight_waiting", 4.0, 0.0, 1e6)?,
+        running: s.float("weight_running", 1.0, 0.0, 1e6)?,
+        pending: s.float("weight_pending", 4.0, 0.0, 1e6)?,
+    };
+    let sessions = Sessions {
+        capacity: s.int("session_capacity", 100_000, 1, 100_000_000)? as usize,
+        ttl: s.ms("session_ttl_ms", 600_000, 1, 86_400_000)?,
+        max_load_ratio: s.float("session_max_load_ratio", 2.0, 1.0, 1e6)?,
+    };
+    let seed = s.int("seed", 0, 0, i64::MAX as u64)?;
     s.finish()?;
-    Ok(Routing { policy, tick, pending_ttl, imbalance_window })
+    Ok(Routing { policy, tick, pending_ttl, imbalance_window, weights, sessions, seed })
 }
 
 fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
@@ -271,8 +328,11 @@ fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
     let stale = s.float("stale", 1.0, 0.0, 1e6)?;
     let health_failure = s.float("health_failure", 1.0, 0.0, 1e6)?;
     let health_half_life = s.ms("health_half_life_ms", 5000, 1, 3_600_000)?;
+    let failure = s.float("failure", 5.0, 0.0, 1e6)?;
+    let failure_smoothing = s.float("failure_smoothing", 0.5, 0.01, 1.0)?;
+    let ttft = s.float("ttft", 1.0, 0.0, 1e6)?;
     s.finish()?;
-    Ok(Penalty { max_penalty, stale, health_failure, health_half_life })
+    Ok(Penalty { max_penalty, stale, health_failure, health_half_life, failure, failure_smoothing, ttft })
 }
 
 fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
@@ -348,6 +408,10 @@ mod tests {
         assert_eq!(c.engines.down_after, Duration::from_millis(3000));
         assert_eq!(c.engines.readmit_updates, 2);
         assert_eq!(c.routing.policy, PolicyKind::RoundRobin);
+        assert_eq!(c.routing.weights, LoadWeights { waiting: 4.0, running: 1.0, pending: 4.0 });
+        for p in PolicyKind::ALL {
+            assert_eq!(parse(&format!("[routing]\npolicy = \"{}\"", p.as_str())).unwrap().routing.policy, p);
+        }
         assert_eq!(c.routing.tick, Duration::from_millis(100));
         assert_eq!(c.routing.pending_ttl, Duration::from_millis(2000));
         assert_eq!(c.routing.imbalance_window, Duration::from_secs(60));
@@ -372,6 +436,9 @@ mod tests {
         assert_eq!(key_of("[server]\nlog_format = \"xml\""), "server.log_format");
         assert_eq!(key_of("[limits]\nmax_batch = -1"), "limits.max_batch");
         assert_eq!(key_of("[penalty]\nstale = -1.0"), "penalty.stale");
+        assert_eq!(key_of("[penalty]\nfailure_smoothing = 0"), "penalty.failure_smoothing");
+        assert_eq!(key_of("[routing]\nsession_max_load_ratio = 0.5"), "routing.session_max_load_ratio");
+        assert_eq!(key_of("[routing]\nweight_pending = \"x\""), "routing.weight_pending");
         assert_eq!(key_of("[routing]\ntickms = 5"), "routing.tickms");
         assert_eq!(key_of("[router]\npolicy = \"round_robin\""), "router");
         assert_eq!(key_of("routing = 3"), "routing");

@@ -96,7 +96,7 @@ impl Coordinator {
         };
         match outcome {
             Ok(accepted) => {
-                self.user.on_report(&accepted);
+                self.user.on_report(&accepted, &self.engines);
                 self.metrics.stats(StatsResult::Ok);
             }
             Err(reject) => {
@@ -182,7 +182,7 @@ impl Coordinator {
     pub fn tick(&mut self, now: Instant) {
         let started = Instant::now();
         self.engines.tick(now);
-        self.user.tick(now);
+        self.user.tick(now, &self.engines);
         self.export(now);
         self.published.set(self.state_view(now));
         self.next_tick = now + self.tick_every;
@@ -224,7 +224,7 @@ impl Coordinator {
                     penalty: e.penalty,
                     age_ms: e.age(now).map(|a| a.as_millis() as u64),
                     boot: known.then_some(e.boot),
-                    load: (e.counts[WAITING] + e.counts[RUNNING] + self.user.pending(rank)) as f64,
+                    load: self.user.load(rank, &self.engines),
                 }
             })
             .collect();

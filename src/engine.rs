@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, Penalty};
-use crate::penalty::HealthScore;
+use crate::penalty::{self, PenaltyState, TickInputs};
 use crate::wire::StatsUpdate;
 
 /// Index of a counter in the 5-tuple `[waiting, running, received, finished, failed]`.
@@ -60,7 +60,7 @@ pub struct EngineState {
     /// Consecutive valid updates while down (readmission).
     readmit_streak: u32,
     pub penalty: f64,
-    health: HealthScore,
+    penalty_state: PenaltyState,
     /// `finished` and `failed` of earlier boots, for totals across restarts.
     pub finished_before: u64,
     pub failed_before: u64,
@@ -80,7 +80,7 @@ impl EngineState {
             last_update: None,
             readmit_streak: 0,
             penalty: 0.0,
-            health: HealthScore::default(),
+            penalty_state: PenaltyState::default(),
             finished_before: 0,
             failed_before: 0,
         }
@@ -123,6 +123,8 @@ pub struct EngineTable {
     epoch: u64,
     liveness: Liveness,
     penalty: Penalty,
+    /// Scratch space for the ttft median, reused every tick.
+    ttfts: Vec<f64>,
 }
 
 fn check_order(e: &EngineState, u: &StatsUpdate) -> Result<(), StatsReject> {
@@ -158,6 +160,7 @@ impl EngineTable {
                 readmit_updates: cfg.engines.readmit_updates,
             },
             penalty: cfg.penalty.clone(),
+            ttfts: Vec::with_capacity(cfg.engines.dp_size as usize),
         }
     }
 
@@ -220,6 +223,7 @@ impl EngineTable {
         if restarted {
             e.finished_before += e.counts[FINISHED];
             e.failed_before += e.counts[FAILED];
+            e.penalty_state.on_restart();
             tracing::info!(
                 dp_rank = rank,
                 old_boot = e.boot,
@@ -249,7 +253,7 @@ impl EngineTable {
     pub fn record_health_report(&mut self, rank: u32, ok: bool, now: Instant) {
         if !ok {
             let weight = self.penalty.health_failure;
-            self.engines[rank as usize].health.add(weight, now, self.penalty.health_half_life);
+            self.engines[rank as usize].penalty_state.health.add(weight, now, self.penalty.health_half_life);
         }
     }
 
@@ -263,10 +267,18 @@ impl EngineTable {
                 (s, _) => s,
             };
             self.set_status(rank, next);
-            let e = &mut self.engines[rank];
-            let stale = if e.status == Status::Stale { self.penalty.stale } else { 0.0 };
-            let health = e.health.value(now, self.penalty.health_half_life);
-            e.penalty = (stale + health).min(self.penalty.max_penalty);
+        }
+        self.ttfts.clear();
+        self.ttfts.extend(self.engines.iter().filter(|e| e.status == Status::Up).filter_map(|e| e.ttft_ms));
+        let median = penalty::median(&mut self.ttfts).filter(|m| *m > 0.0);
+        for e in &mut self.engines {
+            let inputs = TickInputs {
+                finished: e.counts[FINISHED],
+                failed: e.counts[FAILED],
+                stale: e.status == Status::Stale,
+                ttft_ratio: median.zip(e.ttft_ms).map(|(m, t)| t / m),
+            };
+            e.penalty = e.penalty_state.update(&self.penalty, inputs, now);
         }
     }
 }
@@ -371,6 +383,18 @@ mod tests {
         t.tick(ms(t0, 1500));
         t.apply(&upd(0, 1, 2, [0; 5]), ms(t0, 1600)).unwrap();
         assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 1));
+    }
+
+    #[test]
+    fn ttft_far_above_the_median_is_penalized() {
+        let mut t = table(3);
+        let t0 = Instant::now();
+        for (rank, ttft) in [(0, 100.0), (1, 100.0), (2, 400.0)] {
+            t.apply(&StatsUpdate { ttft_ms: Some(ttft), ..upd(rank, 1, 1, [0; 5]) }, t0).unwrap();
+        }
+        t.tick(t0);
+        let penalties: Vec<f64> = t.iter().map(|e| e.penalty).collect();
+        assert_eq!(penalties, [0.0, 0.0, 3.0]);
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! One rank's ledger of dpcoord's own user placements since the rank's
+//! current boot: `routed`, and the outstanding placements behind `pending`.
+//!
+//! `pending = routed - received`, never below 0: the engine's `received`
+//! counter acknowledges the oldest outstanding placements first, and a
+//! placement not acknowledged within `pending_ttl` stops counting, so a lost
+//! request cannot inflate a rank's load forever.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::engine::Accepted;
+
+/// Placements within this interval with the same prompt length share one
+/// entry, which bounds the ledger to about `pending_ttl / COALESCE` entries.
+const COALESCE: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    at: Instant,
+    count: u64,
+    tokens_each: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    pub routed: u64,
+    /// The engine's `received` at its last update.
+    received: u64,
+    outstanding: VecDeque<Outstanding>,
+    pub pending: u64,
+    /// Sum of the prompt tokens of the pending placements.
+    pub pending_tokens: u64,
+}
+
+impl Ledger {
+    /// Records `count` placements of `tokens_each` prompt tokens each.
+    pub fn place(&mut self, count: u64, tokens_each: u64, now: Instant) {
+        self.routed += count;
+        self.pending += count;
+        self.pending_tokens += count * tokens_each;
+        match self.outstanding.back_mut() {
+            Some(o) if o.tokens_each == tokens_each && now.saturating_duration_since(o.at) < COALESCE => {
+                o.count += count
+            }
+            _ => self.outstanding.push_back(Outstanding { at: now, count, tokens_each }),
+        }
+    }
+
+    /// Removes up to `count` of the oldest outstanding placements.
+    fn acknowledge(&mut self, mut count: u64) {
+        while count > 0 {
+            let Some(o) = self.outstanding.front_mut() else { break };
+            let take = count.min(o.count);
+            o.count -= take;
+            count -= take;
+            self.pending -= take;
+            self.pending_tokens -= take * o.tokens_each;
+            if o.count == 0 {
+                self.outstanding.pop_front();
+            }
+        }
+    }
+
+    /// Drops placements older than `ttl`.
+    pub fn expire(&mut self, now: Instant, ttl: Duration) {
+        while let Some(&o) = self.outstanding.front() {
+            if now.saturating_duration_since(o.at) < ttl {
+                break;
+            }
+            self.pending -= o.count;
+            self.pending_tokens -= o.count * o.tokens_each;
+            self.outstanding.pop_front();
+        }
+    }
+
+    /// Folds in an applied stats update of this rank.
+    pub fn on_report(&mut self, a: &Accepted) {
+        if a.restarted {
+            *self = Ledger::default();
+        } else {
+            self.acknowledge(a.received.saturating_sub(self.received));
+        }
+        self.received = a.received;
+        self.routed = self.routed.max(a.received);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(received: u64, restarted: bool) -> Accepted {
+        Accepted { rank: 0, restarted, received }
+    }
+
+    #[test]
+    fn pending_is_acknowledged_oldest_first_and_expires_by_ttl() {
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut l = Ledger::default();
+        l.place(3, 100, t0);
+        l.place(2, 10, ms(500));
+        assert_eq!((l.routed, l.pending, l.pending_tokens), (5, 5, 320));
+        l.on_report(&report(4, false));
+        assert_eq!((l.routed, l.pending, l.pending_tokens), (5, 1, 10));
+        l.expire(ms(2499), Duration::from_secs(2));
+        assert_eq!(l.pending, 1);
+        l.expire(ms(2500), Duration::from_secs(2));
+        assert_eq!((l.pending, l.pending_tokens), (0, 0));
+        // Requests that reached the engine another way raise `routed`.
+        l.on_report(&report(9, false));
+        assert_eq!((l.routed, l.pending), (9, 0));
+        l.place(1, 7, ms(3000));
+        l.on_report(&report(0, true));
+        assert_eq!((l.routed, l.pending, l.pending_tokens, l.received), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn placements_close_in_time_share_an_entry() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        for _ in 0..1000 {
+            l.place(1, 5, t0);
+        }
+        l.place(1, 6, t0);
+        assert_eq!(l.outstanding.len(), 2);
+        l.on_report(&report(999, false));
+        assert_eq!((l.pending, l.pending_tokens), (2, 11));
+    }
+}
