@@ -252,7 +252,9 @@ pub fn decode_query<'a>(bytes: &'a [u8], ch: Channel, lim: &QueryLimits) -> Resu
     let reject = |id, error| Rejected { id, error };
     if bytes.len() > lim.max_message_bytes {
         let msg = format!("query is {} bytes, above max_message_bytes {}", bytes.len(), lim.max_message_bytes);
-        return Err(reject(None, WireError::new(ErrorCode::TooLarge, msg)));
+        // Still echo the id: the reader never allocates and stops at the bytes present.
+        let id = read_fields(bytes).ok().and_then(|f| decode_id(f.id).ok().flatten());
+        return Err(reject(id, WireError::new(ErrorCode::TooLarge, msg)));
     }
     let f = read_fields(bytes).map_err(|e| reject(None, e))?;
     let id = decode_id(f.id).map_err(|e| reject(None, e))?;
@@ -358,6 +360,9 @@ mod tests {
         let rej = decode_query(&b, Channel::Route, &LIM).unwrap_err();
         assert_eq!(rej.id, Some(Id::Int(42)));
         assert!(rej.error.message.contains("version 9"), "{}", rej.error.message);
+        let big = q(&[("id", "big".into()), ("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
+        let rej = decode_query(&big, Channel::Route, &LIM).unwrap_err();
+        assert_eq!((rej.id, rej.error.code), (Some(Id::Str("big")), ErrorCode::TooLarge));
     }
 
     #[test]
