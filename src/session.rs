@@ -1,7 +1,14 @@
 //! Session affinity table: session key -> rank, bounded in size (least
 //! recently used evicted first) and in time (entries idle for `ttl` are
 //! forgotten).
+//!
+//! Keys are stored as 64-bit hashes under a per-process random key, so an
+//! entry costs the same whatever the key's length and memory stays bounded
+//! by `capacity` alone. Two keys that collide share a rank, which only
+//! affects placement, never correctness.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
@@ -11,29 +18,26 @@ use crate::config::Sessions;
 
 #[derive(Debug)]
 pub struct SessionTable {
-    map: LruCache<String, (u32, Instant)>,
+    map: LruCache<u64, (u32, Instant)>,
+    hasher: RandomState,
     ttl: Duration,
 }
 
 impl SessionTable {
     pub fn new(cfg: &Sessions) -> Self {
         let cap = NonZeroUsize::new(cfg.capacity).unwrap_or(NonZeroUsize::MIN);
-        SessionTable { map: LruCache::new(cap), ttl: cfg.ttl }
+        SessionTable { map: LruCache::new(cap), hasher: RandomState::new(), ttl: cfg.ttl }
     }
 
     /// The session's rank, if it has a live one. Changes nothing.
     pub fn peek(&self, key: &str, now: Instant) -> Option<u32> {
-        self.map.peek(key).filter(|(_, used)| now.saturating_duration_since(*used) < self.ttl).map(|&(r, _)| r)
+        let live = |&&(_, used): &&(u32, Instant)| now.saturating_duration_since(used) < self.ttl;
+        self.map.peek(&self.hasher.hash_one(key)).filter(live).map(|&(r, _)| r)
     }
 
     /// Binds the session to `rank` as of `now` (most recently used).
     pub fn assign(&mut self, key: &str, rank: u32, now: Instant) {
-        match self.map.get_mut(key) {
-            Some(entry) => *entry = (rank, now),
-            None => {
-                self.map.put(key.to_owned(), (rank, now));
-            }
-        }
+        self.map.put(self.hasher.hash_one(key), (rank, now));
     }
 
     pub fn len(&self) -> usize {
