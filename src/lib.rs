@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod droplog;
 pub mod engine;
 pub mod health;
+pub mod http;
 pub mod ledger;
 pub mod load;
 pub mod metrics;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::daemon::Daemon;
+use dpcoord::http;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -145,6 +146,13 @@ fn serve(cfg: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let listener = match http::bind(cfg.server.metrics_bind) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("dpcoord: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -152,9 +160,14 @@ fn serve(cfg: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone());
+    tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
     match rt.block_on(wait_for_stop(&daemon)) {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
+    }
+    if let Err(e) = rt.block_on(web.stop()) {
+        tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }
     match daemon.stop() {
         Ok(()) => {
