@@ -188,28 +188,30 @@ impl EngineTable {
         self.engines.iter().any(|e| e.status.is_routable())
     }
 
-    fn set_status(&mut self, rank: usize, to: Status) {
+    /// Moves `rank` to `to`; true when its routability flipped (the caller
+    /// bumps the epoch once per change of the routable set).
+    fn set_status(&mut self, rank: usize, to: Status) -> bool {
         let e = &mut self.engines[rank];
         let from = e.status;
         if from == to {
-            return;
+            return false;
         }
         e.status = to;
         if to == Status::Down {
             e.readmit_streak = 0;
         }
-        if from.is_routable() != to.is_routable() {
-            self.epoch += 1;
-        }
+        let flipped = from.is_routable() != to.is_routable();
+        let epoch = self.epoch + u64::from(flipped);
         let readmitted = from == Status::Down && to == Status::Up;
         tracing::info!(
             dp_rank = rank,
             from = from.as_str(),
             to = to.as_str(),
             readmitted,
-            epoch = self.epoch,
+            epoch,
             "rank status changed"
         );
+        flipped
     }
 
     /// Applies one decoded update, or says why it was dropped (then nothing changed).
@@ -245,7 +247,9 @@ impl EngineTable {
             Status::Down if e.readmit_streak < live.readmit_updates => Status::Down,
             _ => Status::Up,
         };
-        self.set_status(rank, next);
+        if self.set_status(rank, next) {
+            self.epoch += 1;
+        }
         Ok(Accepted { rank: rank as u32, restarted, received: u.counts[RECEIVED] })
     }
 
@@ -259,6 +263,7 @@ impl EngineTable {
 
     /// Ages liveness and recomputes penalties; called every tick.
     pub fn tick(&mut self, now: Instant) {
+        let mut changed = false;
         for rank in 0..self.engines.len() {
             let e = &self.engines[rank];
             let next = match (e.status, e.age(now)) {
@@ -266,8 +271,9 @@ impl EngineTable {
                 (Status::Up, Some(age)) if age >= self.liveness.stale_after => Status::Stale,
                 (s, _) => s,
             };
-            self.set_status(rank, next);
+            changed |= self.set_status(rank, next);
         }
+        self.epoch += u64::from(changed);
         self.ttfts.clear();
         self.ttfts.extend(self.engines.iter().filter(|e| e.status == Status::Up).filter_map(|e| e.ttft_ms));
         let median = penalty::median(&mut self.ttfts).filter(|m| *m > 0.0);
@@ -373,6 +379,19 @@ mod tests {
         t.apply(&upd(0, 1, 4, [0; 5]), ms(t0, 5200)).unwrap();
         assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 3));
         assert_eq!(t.get(0).penalty, 0.0);
+    }
+
+    #[test]
+    fn ranks_going_down_on_one_tick_bump_the_epoch_once() {
+        let mut t = table(3);
+        let t0 = Instant::now();
+        for r in 0..3 {
+            t.apply(&upd(r, 1, 1, [0; 5]), t0).unwrap();
+        }
+        assert_eq!(t.epoch(), 3);
+        t.tick(ms(t0, 3000));
+        assert_eq!(t.epoch(), 4);
+        assert!(!t.any_routable());
     }
 
     #[test]
