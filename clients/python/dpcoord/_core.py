@@ -1,0 +1,303 @@
+"""What the sync and asyncio clients share: the wire codec, query builders, reply
+checks, per-endpoint state and the local fallback router. No I/O happens here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .errors import (
+    BadRequestError,
+    InvalidRankError,
+    ProtocolError,
+    TooLargeError,
+    UnreachableError,
+    error_from_reply,
+)
+
+VERSION = 1
+MAX_BATCH = 1024
+ROUTABLE = ("up", "stale")
+
+log = logging.getLogger("dpcoord.client")
+
+
+# -- wire ---------------------------------------------------------------------------
+
+
+def encode(query: dict[str, Any]) -> bytes:
+    """One MessagePack map; keys whose value is None are left out (nil = absent)."""
+    return msgpack.packb({k: v for k, v in query.items() if v is not None}, use_bin_type=True)
+
+
+def decode(raw: bytes, sent_id: Any = None) -> dict[str, Any]:
+    """Checks a reply against the contract; raises the typed error of a refusal."""
+    try:
+        reply = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as e:  # noqa: BLE001 - any decode failure is a protocol error
+        raise ProtocolError(message=f"reply is not valid MessagePack: {e}") from None
+    if not isinstance(reply, dict):
+        raise ProtocolError(message=f"reply is not a map: {reply!r}")
+    if reply.get("v") != VERSION:
+        raise ProtocolError(message=f"reply has version {reply.get('v')!r}, expected {VERSION}")
+    if sent_id is not None and reply.get("id") != sent_id:
+        raise ProtocolError(message=f"reply id {reply.get('id')!r} does not echo the query id {sent_id!r}")
+    ok = reply.get("ok")
+    if ok is False:
+        raise error_from_reply(reply)
+    if ok is not True:
+        raise ProtocolError(message=f"reply has no boolean `ok`: {reply!r}")
+    return reply
+
+
+def route_query(n, prompt_tokens, rank, bootstrap_room, session, id) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "op": "route",
+        "id": id,
+        "n": n,
+        "prompt_tokens": prompt_tokens,
+        "rank": rank,
+        "bootstrap_room": bootstrap_room,
+        "session": session,
+    }
+
+
+def health_route_query(rank, bootstrap_room, id=None) -> dict[str, Any]:
+    return {"v": VERSION, "op": "health_route", "id": id, "rank": rank, "bootstrap_room": bootstrap_room}
+
+
+def health_report_query(rank, ok, id=None) -> dict[str, Any]:
+    if not isinstance(ok, bool):
+        raise TypeError(f"health_report `ok` must be a bool, got {type(ok).__name__}")
+    return {"v": VERSION, "op": "health_report", "id": id, "rank": rank, "ok": ok}
+
+
+def ranks_of(reply: dict[str, Any], n: int) -> list[int]:
+    ranks = reply.get("ranks")
+    if (
+        not isinstance(ranks, list)
+        or len(ranks) != n
+        or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
+    ):
+        raise ProtocolError(message=f"route reply must hold {n} ranks, got {ranks!r}")
+    return ranks
+
+
+def rank_of(reply: dict[str, Any]) -> int:
+    rank = reply.get("rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise ProtocolError(message=f"health_route reply must hold a rank, got {rank!r}")
+    return rank
+
+
+def epoch_of(reply: dict[str, Any]) -> int:
+    epoch = reply.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise ProtocolError(message=f"reply must hold an integer epoch, got {epoch!r}")
+    return epoch
+
+
+def normalize_standby(standby) -> list[tuple[str, str | None]]:
+    """``standby`` entries are a route endpoint, or a ``(route, health)`` pair."""
+    out = []
+    for s in standby or ():
+        if isinstance(s, str):
+            out.append((s, None))
+        else:
+            route, health = s
+            out.append((route, health))
+    return out
+
+
+# -- endpoints ----------------------------------------------------------------------
+
+
+@dataclass
+class Endpoint:
+    """One dpcoord socket address and what the client knows about it.
+
+    ``down`` after a call found no answer within the timeout; while down, user calls
+    do not wait on it: a ``ping`` probe is left in flight (``probe_at``) and checked
+    without blocking on each call, so the endpoint is used again as soon as it answers.
+    """
+
+    address: str
+    channel: str
+    sock: Any = None
+    down: bool = False
+    probe_at: float | None = None
+
+
+# -- local fallback -------------------------------------------------------------------
+
+
+def _int_arg(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequestError(message=f"`{name}` must be an integer, got {type(value).__name__}")
+    return value
+
+
+@dataclass
+class LocalRouter:
+    """Round-robin used while no dpcoord answers. Thread-safe.
+
+    Its pool is the routable ranks of the last ``state`` seen (refreshed whenever a
+    reply shows a new epoch), else ``range(dp_size)`` (dpcoord's, from ``state``,
+    or the configured one), else the ranks seen in replies. User and health calls
+    keep separate cursors, so health probes never shift user placements here either.
+    """
+
+    dp_size: int | None = None
+    log_period_s: float = 30.0
+    max_batch: int = MAX_BATCH
+    fallbacks: int = 0
+    health_fallbacks: int = 0
+    epoch: int | None = None
+    routable: list[int] | None = None
+    state_dp_size: int | None = None
+    seen: set[int] = field(default_factory=set)
+    _user_cursor: int = 0
+    _health_cursor: int = 0
+    _outage: bool = False
+    _last_log: float = 0.0
+    _since_log: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # what dpcoord told us
+
+    def needs_refresh(self, epoch: int) -> bool:
+        with self._lock:
+            return epoch != self.epoch
+
+    def observe_state(self, reply: dict[str, Any]) -> None:
+        ranks = reply.get("ranks")
+        if not isinstance(ranks, list):
+            return
+        routable = sorted(
+            e["rank"]
+            for e in ranks
+            if isinstance(e, dict) and e.get("status") in ROUTABLE and isinstance(e.get("rank"), int)
+        )
+        with self._lock:
+            self.epoch = reply.get("epoch")
+            self.routable = routable
+            self.state_dp_size = len(ranks)
+
+    def observe_ranks(self, ranks) -> None:
+        with self._lock:
+            self.seen.update(ranks)
+
+    def effective_dp_size(self) -> int | None:
+        return self.state_dp_size or self.dp_size
+
+    def pool(self) -> list[int]:
+        if self.routable:
+            return list(self.routable)
+        dp = self.effective_dp_size()
+        if dp:
+            return list(range(dp))
+        return sorted(self.seen)
+
+    # answering locally
+
+    def _fixed(self, rank, bootstrap_room) -> int | None:
+        dp = self.effective_dp_size()
+        if rank is not None:
+            rank = _int_arg("rank", rank)
+            if rank < 0 or (dp is not None and rank >= dp):
+                bound = f"dp_size is {dp}" if dp is not None else "ranks are never negative"
+                raise InvalidRankError(message=f"`rank` {rank} is out of range: {bound}")
+            return rank
+        if bootstrap_room is not None:
+            room = _int_arg("bootstrap_room", bootstrap_room)
+            if room < 0:
+                raise BadRequestError(message=f"`bootstrap_room` must be non-negative, got {room}")
+            if not dp:
+                raise UnreachableError(
+                    message="dpcoord is unreachable and dp_size is unknown, so bootstrap_room cannot be mapped"
+                    " to a rank; pass dp_size= to the client"
+                )
+            return room % dp
+        return None
+
+    def route(self, n, rank, bootstrap_room, session, where: str) -> list[int]:
+        n = _int_arg("n", n)
+        if n < 1:
+            raise BadRequestError(message="`n` must be at least 1")
+        if n > self.max_batch:
+            raise TooLargeError(message=f"`n` is {n}, above max_batch {self.max_batch}; split the batch")
+        if session is not None and not isinstance(session, str):
+            raise BadRequestError(message=f"`session` must be a string, got {type(session).__name__}")
+        with self._lock:
+            fixed = self._fixed(rank, bootstrap_room)
+            if fixed is not None:
+                out = [fixed] * n
+            else:
+                pool = self.pool()
+                if not pool:
+                    raise UnreachableError(
+                        message=f"no answer from dpcoord ({where}) and no rank known to fall back on;"
+                        " pass dp_size= to the client"
+                    )
+                if session is not None:
+                    out = [pool[zlib.crc32(session.encode()) % len(pool)]] * n
+                else:
+                    out = []
+                    for _ in range(n):
+                        out.append(pool[self._user_cursor % len(pool)])
+                        self._user_cursor = (self._user_cursor + 1) % len(pool)
+            self.fallbacks += 1
+            self._note_fallback(where)
+            return out
+
+    def health_route(self, rank, bootstrap_room, where: str) -> int:
+        with self._lock:
+            fixed = self._fixed(rank, bootstrap_room)
+            if fixed is None:
+                pool = self.pool()
+                if not pool:
+                    raise UnreachableError(
+                        message=f"no answer from dpcoord ({where}) and no rank known to fall back on;"
+                        " pass dp_size= to the client"
+                    )
+                fixed = pool[self._health_cursor % len(pool)]
+                self._health_cursor = (self._health_cursor + 1) % len(pool)
+            self.health_fallbacks += 1
+            return fixed
+
+    # logging, at most once per period
+
+    def _note_fallback(self, where: str) -> None:
+        now = time.monotonic()
+        self._since_log += 1
+        if not self._outage:
+            self._outage = True
+            log.warning(
+                "dpcoord unreachable (%s): routing locally, round-robin over ranks %s", where, self.pool()
+            )
+            self._last_log, self._since_log = now, 0
+        elif now - self._last_log >= self.log_period_s:
+            log.warning(
+                "dpcoord still unreachable (%s): %d requests routed locally in the last %.0f s",
+                where,
+                self._since_log,
+                now - self._last_log,
+            )
+            self._last_log, self._since_log = now, 0
+
+    def note_answered(self, address: str) -> None:
+        with self._lock:
+            if self._outage:
+                self._outage = False
+                log.info(
+                    "dpcoord answering again at %s; back to dpcoord routing (%d requests routed locally in all)",
+                    address,
+                    self.fallbacks,
+                )

@@ -1,0 +1,274 @@
+"""The asyncio client: :class:`RouterClient`'s API and behaviour on ``zmq.asyncio``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Iterable
+
+import zmq
+import zmq.asyncio
+
+from . import _core
+from ._core import Endpoint, LocalRouter, log
+from .errors import DpcoordError, UnreachableError
+
+
+class AsyncRouterClient:
+    """Same contract as :class:`dpcoord.RouterClient`, with ``async`` methods.
+
+    Calls are serialized by an :class:`asyncio.Lock`; a call that cannot get it
+    within ``timeout_ms`` answers from the local fallback (``route``,
+    ``health_route``) or raises :class:`UnreachableError`. Cancelling a call
+    resets the socket it was waiting on, so the next call starts clean.
+    Use one instance per event loop.
+    """
+
+    def __init__(
+        self,
+        route_endpoint: str,
+        health_endpoint: str | None = None,
+        *,
+        timeout_ms: int = 1000,
+        dp_size: int | None = None,
+        standby: Iterable[str | tuple[str, str | None]] = (),
+        log_period_s: float = 30.0,
+        track_state: bool = True,
+        context: zmq.asyncio.Context | None = None,
+    ):
+        if timeout_ms <= 0:
+            raise ValueError("timeout_ms must be positive")
+        self.timeout_ms = int(timeout_ms)
+        self.track_state = track_state
+        self._ctx = context or zmq.asyncio.Context.instance()
+        pairs = [(route_endpoint, health_endpoint)] + _core.normalize_standby(standby)
+        self._eps = {
+            "route": [Endpoint(r, "route") for r, _ in pairs],
+            "health": [Endpoint(h, "health") for _, h in pairs if h],
+        }
+        self._local = LocalRouter(dp_size=dp_size, log_period_s=log_period_s)
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+        self.last_source: str | None = None
+        self.last_endpoint: str | None = None
+        self.dropped_reports = 0
+
+    # -- public API ---------------------------------------------------------------
+
+    @property
+    def fallbacks(self) -> int:
+        return self._local.fallbacks
+
+    @property
+    def health_fallbacks(self) -> int:
+        return self._local.health_fallbacks
+
+    @property
+    def routable_ranks(self) -> list[int] | None:
+        r = self._local.routable
+        return None if r is None else list(r)
+
+    @property
+    def epoch(self) -> int | None:
+        return self._local.epoch
+
+    async def route(
+        self,
+        n: int = 1,
+        prompt_tokens: int | None = None,
+        rank: int | None = None,
+        bootstrap_room: int | None = None,
+        session: str | None = None,
+        id: Any = None,
+    ) -> list[int]:
+        query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
+        if await self._acquire():
+            try:
+                reply = await self._call("route", query, fast=True)
+                if reply is not None:
+                    ranks = _core.ranks_of(reply, n)
+                    self._local.observe_ranks(ranks)
+                    await self._after_reply("route", reply)
+                    self.last_source = "dpcoord"
+                    return ranks
+            finally:
+                self._release()
+        ranks = self._local.route(n, rank, bootstrap_room, session, self._where("route"))
+        self.last_source = "fallback"
+        return ranks
+
+    async def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
+        query = _core.health_route_query(rank, bootstrap_room)
+        if self._eps["health"] and await self._acquire():
+            try:
+                reply = await self._call("health", query, fast=True)
+                if reply is not None:
+                    result = _core.rank_of(reply)
+                    await self._after_reply("health", reply)
+                    return result
+            finally:
+                self._release()
+        return self._local.health_route(rank, bootstrap_room, self._where("health"))
+
+    async def health_report(self, rank: int, ok: bool) -> bool:
+        query = _core.health_report_query(rank, ok)
+        if self._eps["health"] and await self._acquire():
+            try:
+                if await self._call("health", query, fast=True) is not None:
+                    return True
+            finally:
+                self._release()
+        self.dropped_reports += 1
+        return False
+
+    async def state(self) -> dict[str, Any]:
+        reply = await self.call("state")
+        self._local.observe_state(reply)
+        return reply
+
+    async def ping(self) -> int:
+        return _core.epoch_of(await self.call("ping"))
+
+    async def call(self, op: str, channel: str = "route", **fields: Any) -> dict[str, Any]:
+        if channel not in self._eps:
+            raise ValueError(f"channel must be 'route' or 'health', got {channel!r}")
+        query = {"v": _core.VERSION, "op": op, **fields}
+        if not await self._acquire():
+            raise UnreachableError(message="the client is busy with a call that is waiting for dpcoord")
+        try:
+            reply = await self._call(channel, query, fast=False)
+        finally:
+            self._release()
+        if reply is None:
+            raise UnreachableError(message=f"no answer from dpcoord ({self._where(channel)})")
+        return reply
+
+    def close(self) -> None:
+        self._closed = True
+        for eps in self._eps.values():
+            for ep in eps:
+                self._reset(ep)
+
+    async def __aenter__(self) -> "AsyncRouterClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------
+
+    async def _acquire(self) -> bool:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if not self._lock.locked():
+            await self._lock.acquire()
+            return True
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.timeout_ms / 1000)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _release(self) -> None:
+        assert self._lock is not None
+        self._lock.release()
+
+    def _where(self, channel: str) -> str:
+        eps = self._eps[channel]
+        return ", ".join(ep.address for ep in eps) if eps else f"no {channel} endpoint"
+
+    async def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
+        epoch = reply.get("epoch")
+        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch):
+            return
+        try:
+            state = await self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
+        except DpcoordError:
+            return
+        if state is not None:
+            self._local.observe_state(state)
+
+    def _reset(self, ep: Endpoint) -> None:
+        if ep.sock is not None:
+            ep.sock.close(linger=0)
+        ep.sock = None
+        ep.probe_at = None
+
+    def _open(self, ep: Endpoint):
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        sock = self._ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(ep.address)
+        ep.sock = sock
+        return sock
+
+    async def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
+        if ep.sock is None or ep.probe_at is not None:
+            self._reset(ep)
+            self._open(ep)
+        sock = ep.sock
+        done = False
+        try:
+            await sock.send(payload, zmq.NOBLOCK)
+            if await sock.poll(self.timeout_ms, zmq.POLLIN):
+                raw = await sock.recv()
+                done = True
+                return raw
+        except zmq.ZMQError:
+            pass
+        finally:
+            if not done:  # timeout, error or cancellation: lazy pirate
+                self._reset(ep)
+        return None
+
+    async def _check_probe(self, ep: Endpoint) -> None:
+        if ep.probe_at is None or ep.sock is None:
+            return
+        try:
+            if await ep.sock.poll(0, zmq.POLLIN):
+                await ep.sock.recv()
+                ep.probe_at = None
+                ep.down = False
+                log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+                return
+        except zmq.ZMQError:
+            pass
+        if time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
+            self._reset(ep)
+
+    async def _ensure_probe(self, ep: Endpoint) -> None:
+        if ep.probe_at is not None:
+            return
+        self._reset(ep)
+        sock = self._open(ep)
+        try:
+            await sock.send(_core.encode({"v": _core.VERSION, "op": "ping"}), zmq.NOBLOCK)
+            ep.probe_at = time.monotonic()
+        except zmq.ZMQError:
+            self._reset(ep)
+
+    async def _call(self, channel: str, query: dict[str, Any], fast: bool) -> dict[str, Any] | None:
+        eps = self._eps[channel]
+        for ep in eps:
+            if ep.down:
+                await self._check_probe(ep)
+        payload = _core.encode(query)
+        for ep in eps:
+            if ep.down and fast:
+                continue
+            raw = await self._exchange(ep, payload)
+            if raw is None:
+                if not ep.down:
+                    log.warning("dpcoord %s endpoint %s: no answer within %d ms", channel, ep.address, self.timeout_ms)
+                ep.down = True
+                continue
+            ep.down = False
+            self.last_endpoint = ep.address
+            if channel == "route":
+                self._local.note_answered(ep.address)
+            return _core.decode(raw, query.get("id"))
+        for ep in eps:
+            if ep.down:
+                await self._ensure_probe(ep)
+        return None

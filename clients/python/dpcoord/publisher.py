@@ -1,0 +1,171 @@
+"""The engine side: publish a DP rank's stats to dpcoord (``StatsUpdate`` over PUB)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from typing import Any, Sequence
+
+import msgpack
+import zmq
+
+VERSION = 1
+U64 = 2**64
+
+COUNTS = ("waiting", "running", "received", "finished", "failed")
+COUNTERS = ("received", "finished", "failed")
+
+
+def _uint(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"`{name}` must be an integer, got {value!r}")
+    value = int(value)
+    if not 0 <= value < U64:
+        raise ValueError(f"`{name}` must be a non-negative 64-bit integer, got {value}")
+    return value
+
+
+def _float(name: str, value: Any, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"`{name}` must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be finite, got {value}")
+    if value < 0 or (high is not None and value > high):
+        bound = f"within 0..{high}" if high is not None else ">= 0"
+        raise ValueError(f"`{name}` must be {bound}, got {value}")
+    return value
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class StatsPublisher:
+    """Publishes one DP rank's ``StatsUpdate`` messages.
+
+    ``bind=True``: the engine binds ``endpoint`` and dpcoord connects to it
+    (``--stats-connect``; several dpcoords, e.g. a standby, can subscribe to one
+    engine). ``bind=False``: the engine connects to dpcoord's ``--stats-bind``.
+
+    ``boot`` identifies this incarnation (default: now, in ms) and ``seq`` counts
+    the updates sent within it. :meth:`publish` checks the contract's rules before
+    anything is sent and raises :class:`ValueError` on a breach, so dpcoord never
+    has to drop an update as malformed. PUB/SUB drops what is sent before a
+    subscriber is connected: publish periodically (every 50-100 ms), not once.
+    Thread-safe.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        rank: int,
+        bind: bool = True,
+        boot: int | None = None,
+        *,
+        context: zmq.Context | None = None,
+        linger_ms: int = 100,
+    ):
+        self.rank = _uint("rank", rank)
+        self.boot = _uint("boot", now_ms() if boot is None else boot)
+        self.seq = 0
+        self.endpoint = endpoint
+        self._last: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._sock = (context or zmq.Context.instance()).socket(zmq.PUB)
+        self._sock.setsockopt(zmq.LINGER, linger_ms)
+        if bind:
+            self._sock.bind(endpoint)
+            # The bound address, resolved (e.g. "tcp://127.0.0.1:*" -> a real port).
+            self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._sock.connect(endpoint)
+
+    def build(
+        self,
+        waiting: int,
+        running: int,
+        received: int,
+        finished: int,
+        failed: int,
+        tokens: Sequence[int] | None = None,
+        kv_usage: float | None = None,
+        ttft_ms: float | None = None,
+        tpot_ms: float | None = None,
+    ) -> dict[str, Any]:
+        """The update :meth:`publish` would send next (checked, not sent, seq not taken)."""
+        values = dict(waiting=waiting, running=running, received=received, finished=finished, failed=failed)
+        counts = [_uint(name, values[name]) for name in COUNTS]
+        for name in COUNTERS:
+            before, now = self._last.get(name, 0), counts[COUNTS.index(name)]
+            if now < before:
+                raise ValueError(
+                    f"counter `{name}` went backwards within boot {self.boot} ({before} -> {now});"
+                    " counters only grow within one boot: call restart() when the engine restarts"
+                )
+        update: dict[str, Any] = {
+            "v": VERSION,
+            "rank": self.rank,
+            "boot": self.boot,
+            "seq": self.seq + 1,
+            "counts": counts,
+        }
+        if tokens is not None:
+            if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or len(tokens) != 2:
+                raise ValueError(f"`tokens` must be [waiting_tokens, running_tokens], got {tokens!r}")
+            update["tokens"] = [_uint("waiting_tokens", tokens[0]), _uint("running_tokens", tokens[1])]
+        if kv_usage is not None:
+            update["kv_usage"] = _float("kv_usage", kv_usage, 1.0)
+        if ttft_ms is not None:
+            update["ttft_ms"] = _float("ttft_ms", ttft_ms)
+        if tpot_ms is not None:
+            update["tpot_ms"] = _float("tpot_ms", tpot_ms)
+        return update
+
+    def publish(
+        self,
+        waiting: int,
+        running: int,
+        received: int,
+        finished: int,
+        failed: int,
+        tokens: Sequence[int] | None = None,
+        kv_usage: float | None = None,
+        ttft_ms: float | None = None,
+        tpot_ms: float | None = None,
+    ) -> dict[str, Any]:
+        """Checks and sends one update; returns it. Raises ValueError (nothing sent,
+        ``seq`` unchanged) when a value breaks the contract.
+
+        ``waiting``/``running`` are gauges; ``received``/``finished``/``failed``
+        count user requests since this boot and never go backwards. Health-probe
+        requests belong in none of them."""
+        with self._lock:
+            update = self.build(waiting, running, received, finished, failed, tokens, kv_usage, ttft_ms, tpot_ms)
+            self._sock.send(msgpack.packb(update, use_bin_type=True))
+            self.seq = update["seq"]
+            self._last = dict(zip(COUNTS, update["counts"]))
+            return update
+
+    def restart(self, boot: int | None = None) -> int:
+        """Starts a new incarnation (counters start over): a ``boot`` above the
+        current one (default: now in ms, or current + 1), ``seq`` back to 0."""
+        with self._lock:
+            new = now_ms() if boot is None else _uint("boot", boot)
+            if boot is None:
+                new = max(new, self.boot + 1)
+            elif new <= self.boot:
+                raise ValueError(f"a new boot must be above the current {self.boot}, got {new}")
+            self.boot, self.seq, self._last = new, 0, {}
+            return new
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "StatsPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

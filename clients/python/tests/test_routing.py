@@ -1,0 +1,154 @@
+"""RouterClient against the real dpcoord: routing answers and typed errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import dpcoord
+from conftest import bring_up
+from dpcoord import (
+    BadRequestError,
+    DpcoordError,
+    InvalidRankError,
+    NoEngineAvailableError,
+    RankUnavailableError,
+    RouterClient,
+    TooLargeError,
+    UnknownOpError,
+    UnsupportedVersionError,
+)
+
+
+@pytest.fixture
+def client_for():
+    made = []
+
+    def make(d, **kw):
+        c = RouterClient(d.route, d.health, timeout_ms=kw.pop("timeout_ms", 2000), **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_ping_and_state_before_any_engine(start_daemon, client_for):
+    d = start_daemon("--dp-size", "2")
+    c = client_for(d)
+    assert c.ping() == 0
+    s = c.state()
+    assert s["epoch"] == 0
+    assert [(r["rank"], r["status"], r["counts"], r["age_ms"]) for r in s["ranks"]] == [
+        (0, "unknown", [0, 0, 0, 0, 0], None),
+        (1, "unknown", [0, 0, 0, 0, 0], None),
+    ]
+    assert c.routable_ranks == [] and c.epoch == 0
+
+
+def test_route_round_robin_pins_rooms_and_sessions(start_daemon, engines, client_for):
+    d = start_daemon("--dp-size", "3", "--policy", "round_robin")
+    bring_up(d, engines, [0, 1, 2])
+    c = client_for(d)
+    assert c.route(n=4) == [0, 1, 2, 0]
+    assert c.route() == [1]
+    # A pin or a room places all n there and does not advance the round-robin.
+    assert c.route(n=3, rank=2) == [2, 2, 2]
+    assert c.route(bootstrap_room=7) == [1]
+    assert c.route(rank=0, bootstrap_room=7) == [0]  # rank wins
+    assert c.route(n=2, prompt_tokens=100, id="req-1") == [2, 0]
+    first = c.route(session="alice")
+    assert c.route(session="alice") == first
+    assert c.route(n=3, session="alice") == first * 3
+    assert c.last_source == "dpcoord" and c.last_endpoint == d.route
+    assert c.fallbacks == 0
+    # The client learned the routable set (and epoch) from the replies.
+    assert c.routable_ranks == [0, 1, 2] and c.epoch == d.state()["epoch"]
+
+
+def test_typed_errors_carry_the_contract_code(start_daemon, engines, client_for):
+    d = start_daemon("--dp-size", "2", "--pending-ttl-ms", "60000")
+    c = client_for(d)
+    with pytest.raises(NoEngineAvailableError) as e:
+        c.route()
+    assert e.value.code == "no_engine_available" and "no routable rank" in e.value.message
+    assert isinstance(e.value, DpcoordError)
+    with pytest.raises(NoEngineAvailableError):
+        c.health_route()
+
+    bring_up(d, engines, [0])
+    cases = [
+        (lambda: c.route(n=0), BadRequestError, "bad_request"),
+        (lambda: c.route(n="2"), BadRequestError, "bad_request"),
+        (lambda: c.route(session=5), BadRequestError, "bad_request"),
+        (lambda: c.route(n=1025), TooLargeError, "too_large"),
+        (lambda: c.route(rank=2), InvalidRankError, "invalid_rank"),
+        (lambda: c.route(rank=-1), InvalidRankError, "invalid_rank"),
+        (lambda: c.route(rank=1), RankUnavailableError, "rank_unavailable"),
+        (lambda: c.route(bootstrap_room=3), RankUnavailableError, "rank_unavailable"),
+        (lambda: c.health_route(rank=1), RankUnavailableError, "rank_unavailable"),
+        (lambda: c.health_report(9, False), InvalidRankError, "invalid_rank"),
+        (lambda: c.call("fly"), UnknownOpError, "unknown_op"),
+        (lambda: c.call("health_route"), UnknownOpError, "unknown_op"),
+        (lambda: c.call("route", channel="health"), UnknownOpError, "unknown_op"),
+        (lambda: c.call("ping", v=2), UnsupportedVersionError, "unsupported_version"),
+    ]
+    for call, cls, code in cases:
+        with pytest.raises(cls) as e:
+            call()
+        assert (type(e.value), e.value.code) == (cls, code)
+        assert e.value.message, f"{code} without a message"
+        assert dpcoord.ERRORS[code] is cls
+    # The id is echoed on refusals too.
+    with pytest.raises(BadRequestError) as e:
+        c.route(n=0, id=41)
+    assert e.value.id == 41
+    # A refusal is an answer: nothing was routed locally, and nothing was half-applied.
+    assert c.fallbacks == 0 and c.health_fallbacks == 0
+    assert c.route(n=2) == [0, 0]
+    assert [r["pending"] for r in c.state()["ranks"]] == [2, 0]
+
+
+def test_health_calls_through_the_client(start_daemon, engines, client_for):
+    d = start_daemon("--dp-size", "3")
+    bring_up(d, engines, [0, 2])
+    c = client_for(d)
+    assert [c.health_route() for _ in range(3)] == [0, 2, 0]
+    assert c.health_route(rank=2) == 2
+    assert c.health_route(bootstrap_room=5) == 2
+    assert c.health_route() == 2
+    assert c.health_report(0, True) is True
+    assert c.health_report(2, False) is True
+    assert c.dropped_reports == 0
+    with pytest.raises(TypeError):
+        c.health_report(0, 1)
+
+
+def test_many_threads_share_one_client(start_daemon, engines, client_for):
+    d = start_daemon("--dp-size", "2", "--policy", "round_robin")
+    bring_up(d, engines, [0, 1])
+    c = client_for(d)
+    got: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker():
+        try:
+            for _ in range(50):
+                r = c.route()
+                with lock:
+                    got.extend(r)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert len(got) == 400
+    assert (got.count(0), got.count(1)) == (200, 200)
+    assert c.fallbacks == 0
