@@ -8,6 +8,7 @@
 pub mod config;
 pub mod coordinator;
 pub mod daemon;
+pub mod demo;
 pub mod droplog;
 pub mod engine;
 pub mod health;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod penalty;
 pub mod policy;
 pub mod session;
+pub mod sim;
 pub mod transport;
 pub mod user;
 pub mod window;

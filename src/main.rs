@@ -64,6 +64,10 @@ struct Cli {
 enum Cmd {
     /// Check a config file and exit (0 when valid, 2 with the bad key otherwise).
     CheckConfig { file: PathBuf },
+    /// Run dpcoord with 8 simulated engines, 2 frontends and a health prober, showing a live table.
+    Demo(dpcoord::demo::DemoArgs),
+    /// Run a simulation scenario; prints a report and writes it with an SVG chart.
+    Sim(dpcoord::sim::SimArgs),
 }
 
 fn read_file(path: &PathBuf) -> Result<toml::Table, ConfigError> {
@@ -201,6 +205,8 @@ fn main() -> ExitCode {
         }
     };
     match &cli.cmd {
+        Some(Cmd::Demo(args)) => dpcoord::demo::main(args),
+        Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
         Some(Cmd::CheckConfig { file }) => match read_file(file).and_then(Config::from_table) {
             Ok(_) => {
                 println!("{}: ok", file.display());

@@ -1,0 +1,153 @@
+//! The connections one simulated cluster holds to dpcoord: a REQ socket per
+//! frontend replica, the prober's socket (on the health socket, or on the
+//! route socket for a frontend that mixes health and user traffic), an
+//! observer on the health socket for `state`, and a stats PUB per engine.
+//!
+//! **Sync mode** (for reproducible runs): before each user placement the
+//! link polls `state` until dpcoord shows the counts the engines last
+//! published, so a load-aware policy decides on the same facts in every run.
+//! `state` on the health socket changes no user routing state.
+
+use std::time::{Duration, Instant};
+
+use super::model::SimEngine;
+use super::net::{Answer, Endpoints, NetError, Rpc, StatsPub};
+
+/// Engines re-send their stats at least this often (real time), as liveness.
+const HEARTBEAT: Duration = Duration::from_millis(25);
+/// Longest wait for dpcoord to catch up with published stats in sync mode.
+const SYNC_WAIT: Duration = Duration::from_millis(500);
+/// Longest wait for every rank to be `up` at the start.
+const BRING_UP: Duration = Duration::from_secs(10);
+
+/// Where the prober sends its placements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeVia {
+    /// `health_route` + `health_report` on the health socket.
+    Health,
+    /// `route` on the user route socket: the probe takes a user placement.
+    Route,
+}
+
+pub struct Link {
+    frontends: Vec<Rpc>,
+    prober: Rpc,
+    via: ProbeVia,
+    observer: Rpc,
+    pubs: Vec<StatsPub>,
+    dead: Vec<bool>,
+    sync: bool,
+    dirty: bool,
+    last_beat: Instant,
+    /// Syncs that gave up waiting (the run is then not exactly reproducible).
+    pub sync_timeouts: u64,
+    // Dropped last, after every socket.
+    _ctx: zmq::Context,
+}
+
+impl Link {
+    pub fn open(eps: &Endpoints, frontends: u32, via: ProbeVia, ranks: u32, sync: bool) -> Result<Link, NetError> {
+        let ctx = zmq::Context::new();
+        let boot =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64);
+        let prober_ep = match via {
+            ProbeVia::Health => &eps.health,
+            ProbeVia::Route => &eps.route,
+        };
+        Ok(Link {
+            frontends: (0..frontends.max(1)).map(|_| Rpc::connect(&ctx, &eps.route)).collect::<Result<_, _>>()?,
+            prober: Rpc::connect(&ctx, prober_ep)?,
+            via,
+            observer: Rpc::connect(&ctx, &eps.health)?,
+            pubs: (0..ranks).map(|r| StatsPub::connect(&ctx, &eps.stats, r, boot)).collect::<Result<_, _>>()?,
+            dead: vec![false; ranks as usize],
+            sync,
+            dirty: false,
+            last_beat: Instant::now(),
+            sync_timeouts: 0,
+            _ctx: ctx,
+        })
+    }
+
+    /// Publishes until dpcoord shows every rank `up` (PUB drops what is sent
+    /// before the subscription is wired).
+    pub fn bring_up(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
+        let Link { observer, pubs, .. } = self;
+        observer.wait_all_up(BRING_UP, || {
+            for (p, e) in pubs.iter_mut().zip(engines) {
+                p.publish(e.counts(), e.tokens(), e.ttft_ms())?;
+            }
+            Ok(())
+        })?;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// One user placement for frontend `f`.
+    pub fn route(&mut self, f: usize, prompt_tokens: u32) -> Result<Answer, NetError> {
+        self.sync()?;
+        self.frontends[f % self.frontends.len()].route(prompt_tokens.into())
+    }
+
+    /// One probe placement, through the health or the route socket.
+    pub fn probe(&mut self) -> Result<Answer, NetError> {
+        match self.via {
+            ProbeVia::Health => self.prober.health_route(),
+            ProbeVia::Route => self.prober.route(1),
+        }
+    }
+
+    /// Reports a probe's outcome (only a health-channel prober can).
+    pub fn report(&mut self, rank: u32, ok: bool) -> Result<(), NetError> {
+        match self.via {
+            ProbeVia::Health => self.prober.health_report(rank, ok),
+            ProbeVia::Route => Ok(()),
+        }
+    }
+
+    /// Publishes rank `rank`'s stats, unless the rank is dead.
+    pub fn publish(&mut self, rank: u32, e: &SimEngine) -> Result<(), NetError> {
+        let r = rank as usize;
+        if self.dead[r] {
+            return Ok(());
+        }
+        self.dirty = true;
+        self.pubs[r].publish(e.counts(), e.tokens(), e.ttft_ms())
+    }
+
+    /// A dead rank publishes nothing more.
+    pub fn kill(&mut self, rank: u32) {
+        self.dead[rank as usize] = true;
+    }
+
+    /// Re-sends every live rank's stats if the last heartbeat is old enough.
+    pub fn heartbeat(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
+        if self.last_beat.elapsed() < HEARTBEAT {
+            return Ok(());
+        }
+        self.last_beat = Instant::now();
+        for (rank, e) in engines.iter().enumerate() {
+            self.publish(rank as u32, e)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), NetError> {
+        if !(self.sync && self.dirty) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        loop {
+            let seen = self.observer.state()?;
+            if seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.last) {
+                self.dirty = false;
+                return Ok(());
+            }
+            if start.elapsed() > SYNC_WAIT {
+                self.sync_timeouts += 1;
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}

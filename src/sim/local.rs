@@ -1,0 +1,167 @@
+//! An in-process dpcoord on private `ipc://` endpoints, for the simulator
+//! and the demo. Its config is built as a TOML table and checked by
+//! [`Config::from_table`], exactly as a user's file and flags would be.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::config::{self, Config, PolicyKind};
+use crate::coordinator::Published;
+use crate::daemon::Daemon;
+
+use super::net::Endpoints;
+use super::SimError;
+
+/// A directory only this process uses, removed on drop.
+pub struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    pub fn create(what: &str) -> std::io::Result<PrivateDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("dpcoord-{what}-{}-{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(PrivateDir { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Daemon settings a run chooses; everything else keeps its default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSettings {
+    pub ranks: u32,
+    pub policy: String,
+    pub stale_after_ms: u64,
+    pub down_after_ms: u64,
+    pub tick_ms: u64,
+    pub pending_ttl_ms: u64,
+    /// `HOST:PORT` of the HTTP listener.
+    pub metrics_bind: String,
+}
+
+impl DaemonSettings {
+    /// dpcoord's defaults for `ranks` ranks and `policy`.
+    pub fn defaults(ranks: u32, policy: &str) -> DaemonSettings {
+        DaemonSettings {
+            ranks,
+            policy: policy.to_owned(),
+            stale_after_ms: 1000,
+            down_after_ms: 3000,
+            tick_ms: 100,
+            pending_ttl_ms: 2000,
+            metrics_bind: "127.0.0.1:9570".into(),
+        }
+    }
+
+    /// The checked config for these settings on `eps`.
+    pub fn config(&self, eps: &Endpoints) -> Result<Config, SimError> {
+        let mut t = toml::Table::new();
+        let s = |v: &str| toml::Value::String(v.to_owned());
+        let i = |v: u64| toml::Value::Integer(v as i64);
+        config::set(&mut t, "server", "route_bind", s(&eps.route));
+        config::set(&mut t, "server", "health_bind", s(&eps.health));
+        config::set(&mut t, "server", "stats_bind", s(&eps.stats));
+        config::set(&mut t, "server", "metrics_bind", s(&self.metrics_bind));
+        config::set(&mut t, "engines", "dp_size", i(self.ranks.into()));
+        config::set(&mut t, "engines", "stale_after_ms", i(self.stale_after_ms));
+        config::set(&mut t, "engines", "down_after_ms", i(self.down_after_ms));
+        config::set(&mut t, "routing", "policy", s(&self.policy));
+        config::set(&mut t, "routing", "tick_ms", i(self.tick_ms));
+        config::set(&mut t, "routing", "pending_ttl_ms", i(self.pending_ttl_ms));
+        Ok(Config::from_table(t)?)
+    }
+}
+
+/// A daemon running in this process, and where to reach it. Dropping it
+/// stops the daemon too.
+pub struct Local {
+    daemon: Option<Daemon>,
+    pub eps: Endpoints,
+    pub config: Config,
+    /// The engine table as of the daemon's last tick.
+    pub published: Arc<Published>,
+    pub registry: prometheus::Registry,
+    // Removed after the daemon has stopped (fields drop in order).
+    _dir: PrivateDir,
+}
+
+impl Local {
+    /// Starts a daemon; `what` names its private directory (`dpcoord-<what>-...`).
+    pub fn start(settings: &DaemonSettings, what: &str) -> Result<Local, SimError> {
+        let dir = PrivateDir::create(what)?;
+        let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
+        let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats") };
+        let config = settings.config(&eps)?;
+        let daemon = Daemon::start(&config)?;
+        let (published, registry) = (Arc::clone(&daemon.published), daemon.registry.clone());
+        Ok(Local { daemon: Some(daemon), eps, config, published, registry, _dir: dir })
+    }
+
+    /// Stops the daemon (it answers what is queued first).
+    pub fn stop(mut self) -> Result<(), SimError> {
+        match self.daemon.take() {
+            Some(d) => Ok(d.stop()?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            let _ = d.stop();
+        }
+    }
+}
+
+/// Every `routing.policy` value this build accepts, each checked by
+/// parsing a config with it (so a policy added later appears by itself).
+pub fn accepted_policies() -> Vec<String> {
+    let accepted = |name: &str| {
+        let mut t = toml::Table::new();
+        config::set(&mut t, "routing", "policy", toml::Value::String(name.to_owned()));
+        Config::from_table(t).is_ok()
+    };
+    PolicyKind::ALL.iter().map(|p| p.as_str()).filter(|n| accepted(n)).map(str::to_owned).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_policy_kind_is_accepted() {
+        let p = accepted_policies();
+        assert_eq!(p.first().map(String::as_str), Some("round_robin"));
+        assert_eq!(p.len(), PolicyKind::ALL.len());
+    }
+
+    #[test]
+    fn settings_become_a_checked_config() {
+        let eps = Endpoints { route: "ipc:///x/r".into(), health: "ipc:///x/h".into(), stats: "ipc:///x/s".into() };
+        let c = DaemonSettings::defaults(4, "round_robin").config(&eps).unwrap();
+        assert_eq!((c.engines.dp_size, c.server.stats_bind.as_deref()), (4, Some("ipc:///x/s")));
+        let bad = DaemonSettings { down_after_ms: 10, ..DaemonSettings::defaults(4, "round_robin") };
+        assert!(matches!(bad.config(&eps), Err(SimError::Config(e)) if e.key == "engines.down_after_ms"));
+        assert!(DaemonSettings::defaults(4, "nope").config(&eps).is_err());
+    }
+}

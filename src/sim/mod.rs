@@ -1,0 +1,160 @@
+//! The simulator: dpcoord routing simulated DP serving (`dpcoord sim`).
+//!
+//! Simulated engines publish `StatsUpdate` over ZeroMQ like real ranks;
+//! simulated frontends ask dpcoord's route socket where each request goes and
+//! hand it to that engine; a prober uses the health socket (or, to reproduce
+//! the documented failure, the user route socket). dpcoord runs in-process,
+//! unchanged, on private `ipc://` endpoints. Time is virtual and paced
+//! against the wall clock (`--speed`), so a 100-second serving run takes a
+//! couple of seconds.
+//!
+//! - `model`: one rank's scheduler and step-time model (pure)
+//! - `cluster`: ranks stepping on their own or in lockstep
+//! - `workload`: frontends (closed or open loop), seeded lengths
+//! - `net`, `link`: the ZeroMQ peers
+//! - `world`: the discrete-event loop
+//! - `record`, `report`, `svg`: results, text, chart
+//! - `local`: an in-process daemon on private endpoints
+//! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
+
+pub mod cluster;
+pub mod link;
+pub mod local;
+pub mod model;
+pub mod net;
+pub mod record;
+pub mod report;
+pub mod scenario;
+pub mod svg;
+pub mod workload;
+pub mod world;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::ArgAction;
+
+use crate::config::ConfigError;
+use crate::transport::TransportError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{0}")]
+    Net(#[from] net::NetError),
+    #[error("{0}")]
+    Daemon(#[from] TransportError),
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// A scenario of `dpcoord sim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Health probes off / on the health channel / mixed into the user route socket.
+    HealthMatrix,
+    /// Rank 0 at half speed, every policy.
+    SlowRank,
+    /// Rank 3 dies mid-run, every policy; its requests are retried.
+    DeadRank,
+    /// Prompt lengths spread around --input-tokens, every policy.
+    HeteroPrompts,
+    /// Each of the above in turn.
+    All,
+}
+
+/// `dpcoord sim` arguments. The defaults are the documented deployment:
+/// 8 ranks, 8k-token chunks, concurrency 16 over 160 prompts of 60k/1 tokens.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Directory for the text reports and SVG charts.
+    #[arg(long, value_name = "DIR", default_value = "sim-out")]
+    pub out: PathBuf,
+    /// Virtual seconds per wall-clock second; 0 runs as fast as possible.
+    #[arg(long, value_name = "X", default_value_t = 50.0)]
+    pub speed: f64,
+    /// Seed of prompt lengths and open-loop arrivals.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// DP ranks (simulated engines).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub ranks: u32,
+    /// Prompts over all frontends.
+    #[arg(long, value_name = "N", default_value_t = 160, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub prompts: u64,
+    /// Closed loop: requests in flight over all frontends.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: u32,
+    /// Open loop instead: requests per virtual second over all frontends.
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Frontend replicas sharing the one dpcoord.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub frontends: u32,
+    /// Prompt tokens per request (the mean, in hetero-prompts).
+    #[arg(long, value_name = "N", default_value_t = 60_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub input_tokens: u32,
+    /// Output tokens per request.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub output_tokens: u32,
+    /// Prefill token budget per step per rank.
+    #[arg(long, value_name = "N", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub chunk: u32,
+    /// Virtual milliseconds between health probes.
+    #[arg(long, value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub probe_every_ms: u64,
+    /// Lockstep steps across ranks (DP attention / MoE); `false` lets ranks step on their own.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
+    pub lockstep: bool,
+    /// Wait for dpcoord to see the latest stats before each placement (reproducible runs).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
+    pub sync: bool,
+    /// Policies to compare (repeatable); default every `routing.policy` this build accepts.
+    /// health-matrix uses the first (default round_robin).
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<String>,
+}
+
+impl SimArgs {
+    fn check(&self) -> Result<(), SimError> {
+        if !(self.speed.is_finite() && self.speed >= 0.0) {
+            return Err(SimError::Usage(format!("--speed must be a number >= 0, got {}", self.speed)));
+        }
+        match self.rate {
+            Some(r) if !(r.is_finite() && r > 0.0) => {
+                Err(SimError::Usage(format!("--rate must be a number > 0, got {r}")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn write_outcome(out: &std::path::Path, o: &scenario::Outcome) -> Result<(), SimError> {
+    std::fs::create_dir_all(out)?;
+    let (txt, svg) = (out.join(format!("{}.txt", o.name)), out.join(format!("{}.svg", o.name)));
+    std::fs::write(&txt, &o.text)?;
+    std::fs::write(&svg, &o.svg)?;
+    println!("{}\nwrote {} and {}\n", o.text, txt.display(), svg.display());
+    Ok(())
+}
+
+/// `dpcoord sim`: runs the scenario, prints and writes the reports.
+pub fn main(args: &SimArgs) -> ExitCode {
+    let result = args.check().and_then(|()| scenario::run(args.scenario, args, &mut |o| write_outcome(&args.out, &o)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ SimError::Usage(_)) => {
+            eprintln!("dpcoord sim: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("dpcoord sim: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

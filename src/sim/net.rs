@@ -1,0 +1,204 @@
+//! The simulator's ZeroMQ side, speaking the wire contract like real peers:
+//! frontend and prober REQ sockets, and one stats PUB socket per engine.
+
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// How long any reply from dpcoord may take before the run fails.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("zeromq: {0}")]
+    Zmq(#[from] zmq::Error),
+    #[error("dpcoord did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot encode a query: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+    #[error("undecodable reply from dpcoord: {0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    #[error("dpcoord refused `{op}`: {code}: {message}")]
+    Refused { op: &'static str, code: String, message: String },
+    #[error("ranks did not come up within {0:?}; are the engines publishing to the stats endpoint?")]
+    NotUp(Duration),
+}
+
+/// The daemon's three ZeroMQ endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    pub route: String,
+    pub health: String,
+    pub stats: String,
+}
+
+#[derive(Serialize)]
+struct Query {
+    v: u8,
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ok: Option<bool>,
+}
+
+impl Query {
+    fn op(op: &'static str) -> Query {
+        Query { v: 1, op, prompt_tokens: None, rank: None, ok: None }
+    }
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    ok: bool,
+    #[serde(default)]
+    ranks: Vec<u32>,
+    rank: Option<u32>,
+    error: Option<ErrorBody>,
+}
+
+/// One rank in a `state` reply.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RankState {
+    pub status: String,
+    pub counts: [u64; 5],
+}
+
+#[derive(Deserialize)]
+struct StateReply {
+    ranks: Vec<RankState>,
+}
+
+/// dpcoord's answer to a placement: a rank, or a refusal code (try again later).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Rank(u32),
+    Refused(String),
+}
+
+/// A REQ socket: one query, one reply.
+pub struct Rpc {
+    sock: zmq::Socket,
+}
+
+impl Rpc {
+    pub fn connect(ctx: &zmq::Context, endpoint: &str) -> Result<Rpc, NetError> {
+        let sock = ctx.socket(zmq::REQ)?;
+        sock.set_linger(0)?;
+        sock.set_rcvtimeo(REPLY_TIMEOUT.as_millis() as i32)?;
+        sock.set_sndtimeo(REPLY_TIMEOUT.as_millis() as i32)?;
+        sock.connect(endpoint)?;
+        Ok(Rpc { sock })
+    }
+
+    fn call<R: DeserializeOwned>(&self, q: &Query) -> Result<R, NetError> {
+        let bytes = rmp_serde::to_vec_named(q)?;
+        let timeout = |e| if e == zmq::Error::EAGAIN { NetError::Timeout(REPLY_TIMEOUT) } else { NetError::Zmq(e) };
+        self.sock.send(bytes, 0).map_err(timeout)?;
+        let reply = self.sock.recv_bytes(0).map_err(timeout)?;
+        Ok(rmp_serde::from_slice(&reply)?)
+    }
+
+    fn placement(&self, q: &Query, health: bool) -> Result<Answer, NetError> {
+        let r: Reply = self.call(q)?;
+        let rank = if health { r.rank } else { r.ranks.first().copied() };
+        match (r.ok, rank, r.error) {
+            (true, Some(rank), _) => Ok(Answer::Rank(rank)),
+            (_, _, Some(e)) => Ok(Answer::Refused(e.code)),
+            _ => Err(NetError::Refused { op: q.op, code: "?".into(), message: "reply without a rank".into() }),
+        }
+    }
+
+    /// A user placement for one request (`op: route`).
+    pub fn route(&self, prompt_tokens: u64) -> Result<Answer, NetError> {
+        self.placement(&Query { prompt_tokens: Some(prompt_tokens), ..Query::op("route") }, false)
+    }
+
+    /// A health placement (`op: health_route`).
+    pub fn health_route(&self) -> Result<Answer, NetError> {
+        self.placement(&Query::op("health_route"), true)
+    }
+
+    /// A probe's outcome (`op: health_report`).
+    pub fn health_report(&self, rank: u32, ok: bool) -> Result<(), NetError> {
+        let r: Reply = self.call(&Query { rank: Some(rank), ok: Some(ok), ..Query::op("health_report") })?;
+        match r.error {
+            Some(e) if !r.ok => Err(NetError::Refused { op: "health_report", code: e.code, message: e.message }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The engine table as dpcoord sees it (`op: state`).
+    pub fn state(&self) -> Result<Vec<RankState>, NetError> {
+        Ok(self.call::<StateReply>(&Query::op("state"))?.ranks)
+    }
+
+    /// Polls `state` until every rank is `up`.
+    pub fn wait_all_up(
+        &self,
+        deadline: Duration,
+        mut beat: impl FnMut() -> Result<(), NetError>,
+    ) -> Result<(), NetError> {
+        let start = Instant::now();
+        loop {
+            beat()?;
+            if self.state()?.iter().all(|r| r.status == "up") {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err(NetError::NotUp(deadline));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Update {
+    v: u8,
+    rank: u32,
+    boot: u64,
+    seq: u64,
+    counts: [u64; 5],
+    tokens: [u64; 2],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttft_ms: Option<f64>,
+}
+
+/// One engine's stats PUB socket (it connects to dpcoord's stats bind).
+pub struct StatsPub {
+    sock: zmq::Socket,
+    rank: u32,
+    boot: u64,
+    seq: u64,
+    /// The counts of the last update sent.
+    pub last: [u64; 5],
+}
+
+impl StatsPub {
+    pub fn connect(ctx: &zmq::Context, endpoint: &str, rank: u32, boot: u64) -> Result<StatsPub, NetError> {
+        let sock = ctx.socket(zmq::PUB)?;
+        sock.set_linger(0)?;
+        sock.set_sndhwm(100_000)?;
+        sock.connect(endpoint)?;
+        Ok(StatsPub { sock, rank, boot, seq: 0, last: [0; 5] })
+    }
+
+    /// Sends one `StatsUpdate` with the next `seq`.
+    pub fn publish(&mut self, counts: [u64; 5], tokens: [u64; 2], ttft_ms: Option<f64>) -> Result<(), NetError> {
+        self.seq += 1;
+        let u = Update { v: 1, rank: self.rank, boot: self.boot, seq: self.seq, counts, tokens, ttft_ms };
+        self.sock.send(rmp_serde::to_vec_named(&u)?, zmq::DONTWAIT)?;
+        self.last = counts;
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! What a run did: every request's timeline, placements and probes per rank,
+//! periodic samples for the chart, and the numbers a report shows.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::model::Micros;
+
+/// One user request from its first send to its last token.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub frontend: u32,
+    pub prompt: u32,
+    pub output: u32,
+    pub issued: Micros,
+    pub first_token: Option<Micros>,
+    pub done: Option<Micros>,
+    /// Placements it took (more than one after a failure).
+    pub attempts: u32,
+}
+
+/// Per-rank state at one instant, for the chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub at: Micros,
+    /// User placements so far.
+    pub placements: Vec<u64>,
+    /// Running batch size.
+    pub running: Vec<u64>,
+}
+
+/// Counters a live view (the demo) reads while the run goes on.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub completed: AtomicU64,
+    pub input_tokens: AtomicU64,
+    /// Virtual time of the run, in microseconds.
+    pub now_us: AtomicU64,
+    pub probes: Vec<AtomicU64>,
+}
+
+impl Live {
+    pub fn new(ranks: u32) -> Live {
+        Live { probes: (0..ranks).map(|_| AtomicU64::new(0)).collect(), ..Live::default() }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub requests: Vec<Request>,
+    pub placements: Vec<u64>,
+    pub probes: Vec<u64>,
+    pub probe_failures: u64,
+    /// Placements dpcoord refused (the request was retried).
+    pub refusals: u64,
+    pub samples: Vec<Sample>,
+}
+
+impl Recorder {
+    pub fn new(ranks: u32) -> Recorder {
+        Recorder { placements: vec![0; ranks as usize], probes: vec![0; ranks as usize], ..Recorder::default() }
+    }
+
+    pub fn sample(&mut self, at: Micros, running: Vec<u64>) {
+        self.samples.push(Sample { at, placements: self.placements.clone(), running });
+    }
+
+    /// The numbers of a finished run.
+    pub fn summarize(&self, name: &str, policy: &str, sync_timeouts: u64) -> ArmResult {
+        let done: Vec<&Request> = self.requests.iter().filter(|r| r.done.is_some()).collect();
+        let mut ttft: Vec<Micros> =
+            done.iter().filter_map(|r| r.first_token.map(|t| t.saturating_sub(r.issued))).collect();
+        ttft.sort_unstable();
+        ArmResult {
+            name: name.to_owned(),
+            policy: policy.to_owned(),
+            completed: done.len() as u64,
+            lost: (self.requests.len() - done.len()) as u64,
+            retries: self.requests.iter().map(|r| u64::from(r.attempts.saturating_sub(1))).sum(),
+            input_tokens: done.iter().map(|r| u64::from(r.prompt)).sum(),
+            makespan: done.iter().filter_map(|r| r.done).max().unwrap_or(0),
+            ttft_p50: percentile(&ttft, 50),
+            ttft_p99: percentile(&ttft, 99),
+            placements: self.placements.clone(),
+            probes: self.probes.clone(),
+            probe_failures: self.probe_failures,
+            refusals: self.refusals,
+            sync_timeouts,
+            samples: self.samples.clone(),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[Micros], p: u64) -> Micros {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (p * sorted.len() as u64).div_ceil(100).max(1);
+    sorted[rank as usize - 1]
+}
+
+/// Population standard deviation.
+pub fn std_dev(xs: &[u64]) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<u64>() as f64 / n;
+    (xs.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+}
+
+/// One arm of a scenario, summarized.
+#[derive(Debug, Clone)]
+pub struct ArmResult {
+    pub name: String,
+    pub policy: String,
+    pub completed: u64,
+    /// Requests sent but never completed.
+    pub lost: u64,
+    pub retries: u64,
+    pub input_tokens: u64,
+    /// Virtual time of the last completion.
+    pub makespan: Micros,
+    pub ttft_p50: Micros,
+    pub ttft_p99: Micros,
+    /// User requests handed to each rank.
+    pub placements: Vec<u64>,
+    pub probes: Vec<u64>,
+    pub probe_failures: u64,
+    pub refusals: u64,
+    pub sync_timeouts: u64,
+    pub samples: Vec<Sample>,
+}
+
+impl ArmResult {
+    /// Input tokens per virtual second.
+    pub fn input_tps(&self) -> f64 {
+        if self.makespan == 0 {
+            return 0.0;
+        }
+        self.input_tokens as f64 / (self.makespan as f64 / 1e6)
+    }
+
+    pub fn placement_std(&self) -> f64 {
+        std_dev(&self.placements)
+    }
+}
+
+/// Adds one to a live counter.
+pub fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=200).collect();
+        assert_eq!((percentile(&v, 50), percentile(&v, 99)), (100, 198));
+        assert_eq!(percentile(&[5], 99), 5);
+        assert_eq!(percentile(&[], 50), 0);
+    }
+
+    #[test]
+    fn population_std() {
+        assert_eq!(std_dev(&[20; 8]), 0.0);
+        // [22, 21, 20, 20, 20, 20, 19, 18]: squared deviations sum to 10.
+        assert_eq!(std_dev(&[22, 21, 20, 20, 20, 20, 19, 18]), (10.0f64 / 8.0).sqrt());
+    }
+}

@@ -1,0 +1,189 @@
+//! The scenarios: which arms run, with what, and what the report says.
+//!
+//! Every arm gets a fresh in-process dpcoord and a fresh simulated cluster;
+//! arms of one scenario differ only in what the scenario compares (health
+//! traffic, or the routing policy).
+
+use std::fmt::Write;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::cluster::EngineSpec;
+use super::link::{Link, ProbeVia};
+use super::local::{accepted_policies, DaemonSettings, Local};
+use super::model::{Micros, SimEngine, DEFAULT_COST};
+use super::record::ArmResult;
+use super::workload::{Lengths, Load};
+use super::world::{self, ArmSpec, Probe};
+use super::{report, svg, Scenario, SimArgs, SimError};
+
+/// One scenario's report and chart.
+pub struct Outcome {
+    pub name: &'static str,
+    pub text: String,
+    pub svg: String,
+}
+
+/// Virtual time the workload needs at full prefill budget on every rank.
+fn nominal_us(a: &SimArgs) -> Micros {
+    let tokens = a.prompts * u64::from(a.input_tokens + a.output_tokens);
+    let per_step = u64::from(a.ranks) * u64::from(a.chunk);
+    let step = SimEngine::new(a.chunk, 1, DEFAULT_COST, 100).step_us(a.chunk);
+    let compute = tokens.div_ceil(per_step) * step;
+    let arrivals = a.rate.map_or(0, |r| (a.prompts as f64 / r * 1e6) as Micros);
+    compute.max(arrivals)
+}
+
+fn base(a: &SimArgs, name: &str) -> ArmSpec {
+    let nominal = nominal_us(a);
+    ArmSpec {
+        name: name.to_owned(),
+        ranks: a.ranks,
+        engine: EngineSpec { chunk: a.chunk, max_running: 256, cost: DEFAULT_COST },
+        lockstep: a.lockstep,
+        slow: None,
+        kill: None,
+        frontends: a.frontends,
+        load: a.rate.map_or(Load::Closed { concurrency: a.concurrency }, |rate| Load::Open { rate }),
+        prompts: Some(a.prompts),
+        lengths: Lengths { input: (a.input_tokens, a.input_tokens), output: (a.output_tokens, a.output_tokens) },
+        probe: None,
+        seed: a.seed,
+        speed: a.speed,
+        sync: a.sync,
+        sample_every: (nominal / 200).max(10_000),
+        horizon: nominal.saturating_mul(20).saturating_add(60_000_000),
+    }
+}
+
+fn describe(a: &SimArgs) -> String {
+    let load = match a.rate {
+        Some(r) => format!("open loop at {r} requests/s"),
+        None => format!("closed loop at concurrency {}", a.concurrency),
+    };
+    format!(
+        "{} ranks{}, chunk {} tokens/step/rank, {} frontend(s), {load}, {} prompts of {} in / {} out tokens, \
+         prober every {} ms, speed {}x, seed {}",
+        a.ranks,
+        if a.lockstep { " in lockstep" } else { "" },
+        a.chunk,
+        a.frontends,
+        a.prompts,
+        a.input_tokens,
+        a.output_tokens,
+        a.probe_every_ms,
+        a.speed,
+        a.seed
+    )
+}
+
+/// Runs one arm on a fresh daemon.
+fn run_arm(spec: &ArmSpec, settings: &DaemonSettings) -> Result<ArmResult, SimError> {
+    let started = Instant::now();
+    let local = Local::start(settings, "sim")?;
+    let via = spec.probe.map_or(ProbeVia::Health, |p| p.via);
+    let mut link = Link::open(&local.eps, spec.frontends, via, spec.ranks, spec.sync)?;
+    let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
+    let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
+    drop(link);
+    local.stop()?;
+    eprintln!("  {} ({}): {} s", spec.name, settings.policy, started.elapsed().as_secs_f32());
+    Ok(result)
+}
+
+fn probe(a: &SimArgs, via: ProbeVia) -> Option<Probe> {
+    Some(Probe { every: a.probe_every_ms.max(1) * 1000, via })
+}
+
+fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
+    let policy = a.policies.first().cloned().unwrap_or_else(|| "round_robin".into());
+    let settings = DaemonSettings::defaults(a.ranks, &policy);
+    let arms = [
+        ("health-off", None),
+        ("health-channel", probe(a, ProbeVia::Health)),
+        ("mixed-route", probe(a, ProbeVia::Route)),
+    ];
+    let mut results = Vec::new();
+    for (name, probe) in arms {
+        results.push(run_arm(&ArmSpec { probe, ..base(a, name) }, &settings)?);
+    }
+    let title = "health-matrix: health probes off / on the health channel / mixed into the user route socket";
+    let mut text = format!("{title}\n{}\n\n{}\n{}", describe(a), report::table(&results), report::probes(&results));
+    text.push_str(&report::versus(&results[1], &results[0]));
+    text.push_str(&report::versus(&results[2], &results[0]));
+    text.push_str(&report::caveats(&results));
+    Ok(Outcome { name: "health-matrix", svg: svg::chart(title, &results), text })
+}
+
+/// Runs `spec` under every policy and compares them.
+fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Result<Outcome, SimError> {
+    let policies = if a.policies.is_empty() { accepted_policies() } else { a.policies.clone() };
+    let mut results = Vec::new();
+    for policy in &policies {
+        let settings = DaemonSettings {
+            stale_after_ms: 200,
+            down_after_ms: 600,
+            tick_ms: 20,
+            pending_ttl_ms: 1000,
+            ..DaemonSettings::defaults(a.ranks, policy)
+        };
+        results.push(run_arm(&spec, &settings)?);
+    }
+    let mut text =
+        format!("{name}: {title}\n{}\n\n{}\n{}", describe(a), report::table(&results), report::probes(&results));
+    let lost: u64 = results.iter().map(|r| r.lost).sum();
+    if lost == 0 {
+        text.push_str("zero requests lost in every arm\n");
+    } else {
+        let _ = writeln!(text, "LOST {lost} requests over all arms");
+    }
+    let best = |f: fn(&ArmResult) -> f64| {
+        results.iter().max_by(|x, y| f(x).total_cmp(&f(y))).map_or("", |r| r.policy.as_str()).to_owned()
+    };
+    let _ = writeln!(
+        text,
+        "highest input tokens/s: {}; lowest ttft p99: {}",
+        best(ArmResult::input_tps),
+        best(|r| -(r.ttft_p99 as f64))
+    );
+    text.push_str(&report::caveats(&results));
+    Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text })
+}
+
+fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
+    let spec = ArmSpec { slow: Some((0, 50)), probe: probe(a, ProbeVia::Health), ..base(a, "slow-rank") };
+    compare(a, "slow-rank", "rank 0 runs at half speed", spec)
+}
+
+fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
+    let rank = 3 % a.ranks;
+    let at = nominal_us(a) * 3 / 10;
+    let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank") };
+    let title = format!("rank {rank} dies at {:.1} s; its requests are retried", at as f64 / 1e6);
+    compare(a, "dead-rank", &title, spec)
+}
+
+fn hetero_prompts(a: &SimArgs) -> Result<Outcome, SimError> {
+    let lo = (a.input_tokens / 16).max(1);
+    let hi = a.input_tokens.saturating_mul(2).saturating_sub(lo).max(lo);
+    let mut spec = ArmSpec { probe: probe(a, ProbeVia::Health), ..base(a, "hetero-prompts") };
+    spec.lengths.input = (lo, hi);
+    compare(a, "hetero-prompts", &format!("prompt lengths uniform in {lo}..={hi} tokens"), spec)
+}
+
+/// Runs scenario `s` (`all` runs each in turn), handing each outcome to `emit`.
+pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(), SimError>) -> Result<(), SimError> {
+    let outcome = match s {
+        Scenario::All => {
+            for one in [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts] {
+                run(one, a, emit)?;
+            }
+            return Ok(());
+        }
+        Scenario::HealthMatrix => health_matrix(a)?,
+        Scenario::SlowRank => slow_rank(a)?,
+        Scenario::DeadRank => dead_rank(a)?,
+        Scenario::HeteroPrompts => hetero_prompts(a)?,
+    };
+    emit(outcome)
+}
