@@ -7,6 +7,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::access::Allowlist;
+
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{key}: {problem}")]
@@ -83,6 +85,10 @@ pub struct Server {
     pub stats_connect: Vec<String>,
     pub metrics_bind: SocketAddr,
     pub log_format: LogFormat,
+    /// Peer allowlists of the bound sockets (TCP only; empty = no check).
+    pub route_allow: Allowlist,
+    pub health_allow: Allowlist,
+    pub stats_allow: Allowlist,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -202,19 +208,35 @@ impl<'a> Section<'a> {
         Ok(s)
     }
 
-    fn endpoints(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
+    fn strings(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
         let Some(v) = self.get(k) else { return Ok(Vec::new()) };
         let arr = v
             .as_array()
             .ok_or_else(|| err(self.key(k), format!("expected an array of strings, got {}", v.type_str())))?;
         arr.iter()
             .map(|e| {
-                let s =
-                    e.as_str().ok_or_else(|| err(self.key(k), format!("expected strings, got {}", e.type_str())))?;
-                check_endpoint(s).map_err(|p| err(self.key(k), p))?;
-                Ok(s.to_owned())
+                e.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| err(self.key(k), format!("expected strings, got {}", e.type_str())))
             })
             .collect()
+    }
+
+    fn endpoints(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
+        let eps = self.strings(k)?;
+        for e in &eps {
+            check_endpoint(e).map_err(|p| err(self.key(k), p))?;
+        }
+        Ok(eps)
+    }
+
+    /// An allowlist for the socket bound at `bind` (which must be TCP if the list is not empty).
+    fn allowlist(&mut self, k: &'static str, bind: Option<&str>) -> Result<Allowlist, ConfigError> {
+        let list = Allowlist::parse(&self.strings(k)?).map_err(|p| err(self.key(k), p))?;
+        if !list.is_empty() && !bind.is_some_and(|b| b.starts_with("tcp://")) {
+            return Err(err(self.key(k), "needs a tcp:// bind; ipc:// access is controlled by file permissions"));
+        }
+        Ok(list)
     }
 
     /// Errors on any key of this section that no reader asked for.
@@ -276,8 +298,21 @@ fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         "json" => LogFormat::Json,
         other => return Err(err("server.log_format", format!("must be \"text\" or \"json\", got \"{other}\""))),
     };
+    let route_allow = s.allowlist("route_allow", Some(&route_bind))?;
+    let health_allow = s.allowlist("health_allow", Some(&health_bind))?;
+    let stats_allow = s.allowlist("stats_allow", stats_bind.as_deref())?;
     s.finish()?;
-    Ok(Server { route_bind, health_bind, stats_bind, stats_connect, metrics_bind, log_format })
+    Ok(Server {
+        route_bind,
+        health_bind,
+        stats_bind,
+        stats_connect,
+        metrics_bind,
+        log_format,
+        route_allow,
+        health_allow,
+        stats_allow,
+    })
 }
 
 fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
@@ -434,6 +469,12 @@ mod tests {
         assert_eq!(key_of("[server]\nstats_connect = [\"tcp://x\"]"), "server.stats_connect");
         assert_eq!(key_of("[server]\nmetrics_bind = \"nowhere\""), "server.metrics_bind");
         assert_eq!(key_of("[server]\nlog_format = \"xml\""), "server.log_format");
+        assert_eq!(key_of("[server]\nroute_allow = [\"10.0.0.0/40\"]"), "server.route_allow");
+        assert_eq!(
+            key_of("[server]\nhealth_bind = \"ipc:///x\"\nhealth_allow = [\"10.0.0.1\"]"),
+            "server.health_allow"
+        );
+        assert_eq!(key_of("[server]\nstats_bind = \"\"\nstats_allow = [\"10.0.0.1\"]"), "server.stats_allow");
         assert_eq!(key_of("[limits]\nmax_batch = -1"), "limits.max_batch");
         assert_eq!(key_of("[penalty]\nstale = -1.0"), "penalty.stale");
         assert_eq!(key_of("[penalty]\nfailure_smoothing = 0"), "penalty.failure_smoothing");

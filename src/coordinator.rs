@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::droplog::DropLog;
 use crate::engine::{EngineTable, StatsReject, RUNNING, WAITING};
 use crate::health::{self, HealthDispatcher};
 use crate::metrics::{Metrics, StatsResult};
+use crate::ratelimit::LogLimiter;
 use crate::user::UserDispatcher;
 use crate::wire::{self, Channel, Op, Query, QueryLimits, RankView, StateView, WireError};
 
@@ -23,7 +23,8 @@ pub struct Coordinator {
     user: UserDispatcher,
     health: HealthDispatcher,
     metrics: Metrics,
-    drops: DropLog,
+    /// Rate limit of the dropped-update warning, per `StatsResult`.
+    drops: LogLimiter<4>,
     /// Reused buffer for the ranks of one route answer.
     placed: Vec<u32>,
     /// The engine table as of the last tick, for readers on other threads.
@@ -70,7 +71,7 @@ impl Coordinator {
             user: UserDispatcher::new(cfg, now),
             health: HealthDispatcher::default(),
             metrics,
-            drops: DropLog::default(),
+            drops: LogLimiter::default(),
             placed: Vec::with_capacity(cfg.limits.max_batch as usize),
             published: Arc::new(Published { state: Mutex::new(Arc::new(StateView::default())) }),
         };
@@ -98,6 +99,7 @@ impl Coordinator {
             Ok(accepted) => {
                 self.user.on_report(&accepted, &self.engines);
                 self.metrics.stats(StatsResult::Ok);
+                self.metrics.stats_missed.inc_by(accepted.missed);
             }
             Err(reject) => {
                 let (result, why) = match reject {
@@ -108,7 +110,10 @@ impl Coordinator {
                     StatsReject::Malformed(why) => (StatsResult::Malformed, why),
                 };
                 self.metrics.stats(result);
-                self.drops.note(result, &why, now);
+                let cause = StatsResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
+                if let Some(suppressed) = self.drops.allow(cause, now) {
+                    tracing::warn!(result = result.as_str(), reason = %why, suppressed, "dropped a stats update");
+                }
             }
         }
     }

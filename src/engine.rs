@@ -108,6 +108,8 @@ pub struct Accepted {
     pub restarted: bool,
     /// The engine's `received` counter after the update.
     pub received: u64,
+    /// Updates of this boot that never arrived (a `seq` gap).
+    pub missed: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +224,8 @@ impl EngineTable {
         let e = &mut self.engines[rank];
         check_order(e, u)?;
         let restarted = e.status != Status::Unknown && u.boot > e.boot;
+        let same_boot = e.status != Status::Unknown && u.boot == e.boot;
+        let missed = if same_boot { u.seq - e.seq - 1 } else { 0 };
         if restarted {
             e.finished_before += e.counts[FINISHED];
             e.failed_before += e.counts[FAILED];
@@ -250,7 +254,7 @@ impl EngineTable {
         if self.set_status(rank, next) {
             self.epoch += 1;
         }
-        Ok(Accepted { rank: rank as u32, restarted, received: u.counts[RECEIVED] })
+        Ok(Accepted { rank: rank as u32, restarted, received: u.counts[RECEIVED], missed })
     }
 
     /// A health prober's outcome for `rank` (already checked to be in range).
@@ -312,7 +316,11 @@ mod tests {
         let mut t = table(4);
         let t0 = Instant::now();
         assert!(!t.is_routable(0));
-        assert_eq!(t.apply(&upd(0, 1, 1, [0; 5]), t0), Ok(Accepted { rank: 0, restarted: false, received: 0 }));
+        assert_eq!(
+            t.apply(&upd(0, 1, 1, [0; 5]), t0),
+            Ok(Accepted { rank: 0, restarted: false, received: 0, missed: 0 })
+        );
+        assert_eq!(t.apply(&upd(0, 1, 5, [0; 5]), t0).map(|a| a.missed), Ok(3));
         assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 1));
         t.apply(&upd(1, 1, 1, [0; 5]), t0).unwrap();
         t.apply(&upd(1, 1, 2, [0; 5]), t0).unwrap();

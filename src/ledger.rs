@@ -91,7 +91,7 @@ mod tests {
     use super::*;
 
     fn report(received: u64, restarted: bool) -> Accepted {
-        Accepted { rank: 0, restarted, received }
+        Accepted { rank: 0, restarted, received, missed: 0 }
     }
 
     #[test]

@@ -5,11 +5,11 @@
 //! state cannot touch user routing. See README.md and PROTOCOL.md.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod config;
 pub mod coordinator;
 pub mod daemon;
 pub mod demo;
-pub mod droplog;
 pub mod engine;
 pub mod health;
 pub mod http;
@@ -18,6 +18,7 @@ pub mod load;
 pub mod metrics;
 pub mod penalty;
 pub mod policy;
+pub mod ratelimit;
 pub mod session;
 pub mod sim;
 pub mod transport;

@@ -56,6 +56,10 @@ pub struct Metrics {
     pub tick_duration: Histogram,
     pub dispatch_stddev: Gauge,
     pub epoch: IntGauge,
+    /// Stats updates an engine sent that never arrived (seq gaps within a boot).
+    pub stats_missed: IntCounter,
+    /// `dpcoord_access_denied_total` for the route, health and stats sockets.
+    access_denied: [IntCounter; 3],
 }
 
 /// A query costs 1 to 5 us inside dpcoord (release build, 8 ranks); the
@@ -169,6 +173,20 @@ impl Metrics {
             &r,
             built(IntGauge::with_opts(opts("dpcoord_epoch", "Current epoch: bumps when the routable set changes."))),
         );
+        let stats_missed = register(
+            &r,
+            built(IntCounter::with_opts(opts(
+                "dpcoord_stats_missed_total",
+                "Stats updates lost before dpcoord read them (seq gaps within a boot), e.g. dropped at a high-water mark.",
+            ))),
+        );
+        let access_denied = register(
+            &r,
+            built(IntCounterVec::new(
+                opts("dpcoord_access_denied_total", "Connections refused by a socket's peer allowlist."),
+                &["socket"],
+            )),
+        );
         let ranks = (0..dp_size)
             .map(|rank| {
                 let k = rank.to_string();
@@ -198,7 +216,19 @@ impl Metrics {
             tick_duration,
             dispatch_stddev,
             epoch,
+            stats_missed,
+            access_denied: ["route", "health", "stats"].map(|s| access_denied.with_label_values(&[s])),
         }
+    }
+
+    /// A connection to `socket` (a ZAP domain: route, health or stats) was refused.
+    pub fn access_denied(&self, socket: &str) {
+        let i = match socket {
+            "route" => 0,
+            "health" => 1,
+            _ => 2,
+        };
+        self.access_denied[i].inc();
     }
 
     pub fn error(&self, code: ErrorCode) {
@@ -219,7 +249,7 @@ mod tests {
     use super::*;
 
     /// The contract's Metrics table: name, type, label names.
-    const CONTRACT: [(&str, MetricType, &[&str]); 13] = [
+    const CONTRACT: [(&str, MetricType, &[&str]); 15] = [
         ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
         ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
         ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -233,6 +263,9 @@ mod tests {
         ("dpcoord_stats_messages_total", MetricType::COUNTER, &["result"]),
         ("dpcoord_tick_duration_seconds", MetricType::HISTOGRAM, &[]),
         ("dpcoord_epoch", MetricType::GAUGE, &[]),
+        // Beyond the contract's table:
+        ("dpcoord_stats_missed_total", MetricType::COUNTER, &[]),
+        ("dpcoord_access_denied_total", MetricType::COUNTER, &["socket"]),
     ];
 
     #[test]

@@ -7,8 +7,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::access::{self, Allowlist};
 use crate::config::Config;
 use crate::coordinator::Coordinator;
+use crate::metrics::Metrics;
+use crate::ratelimit::LogLimiter;
 use crate::wire::Channel;
 
 /// Frames kept of one request's envelope and body; more is refused.
@@ -35,15 +38,42 @@ pub struct Sockets {
     stats: zmq::Socket,
     route: zmq::Socket,
     health: zmq::Socket,
+    /// The ZAP handler, present when some socket has a peer allowlist.
+    zap: Option<(zmq::Socket, Access)>,
     _ctx: zmq::Context,
+}
+
+/// The allowlists the ZAP handler enforces, by ZAP domain.
+struct Access {
+    route: Allowlist,
+    health: Allowlist,
+    stats: Allowlist,
+}
+
+/// libzmq's fixed ZAP endpoint.
+const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
+
+/// Asks libzmq to consult the ZAP handler for this socket's peers.
+fn guard(s: &zmq::Socket, name: &'static str, list: &Allowlist) -> Result<(), TransportError> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    s.set_zap_domain(name).map_err(sock_err(name))
 }
 
 fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
     move |source| TransportError::Socket { socket, source }
 }
 
-fn router(ctx: &zmq::Context, name: &'static str, endpoint: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
+fn router(
+    ctx: &zmq::Context,
+    name: &'static str,
+    endpoint: &str,
+    allow: &Allowlist,
+    cfg: &Config,
+) -> Result<zmq::Socket, TransportError> {
     let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
+    guard(&s, name, allow)?;
     // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
     let backstop = (cfg.limits.max_message_bytes as i64).saturating_mul(16);
     s.set_maxmsgsize(backstop).map_err(sock_err(name))?;
@@ -62,7 +92,29 @@ impl Sockets {
     /// Creates and binds/connects every socket the config names.
     pub fn open(cfg: &Config) -> Result<Sockets, TransportError> {
         let ctx = zmq::Context::new();
+        let srv = &cfg.server;
+        let guarded = [&srv.route_allow, &srv.health_allow, &srv.stats_allow].iter().any(|l| !l.is_empty());
+        let zap = match guarded {
+            // The handler is bound before any guarded socket can accept a peer.
+            true => {
+                let z = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
+                z.bind(ZAP_ENDPOINT).map_err(|source| TransportError::Endpoint {
+                    what: "bind",
+                    socket: "zap",
+                    endpoint: ZAP_ENDPOINT.into(),
+                    source,
+                })?;
+                let access = Access {
+                    route: srv.route_allow.clone(),
+                    health: srv.health_allow.clone(),
+                    stats: srv.stats_allow.clone(),
+                };
+                Some((z, access))
+            }
+            false => None,
+        };
         let stats = ctx.socket(zmq::SUB).map_err(sock_err("stats"))?;
+        guard(&stats, "stats", &srv.stats_allow)?;
         stats.set_maxmsgsize(cfg.limits.max_message_bytes as i64).map_err(sock_err("stats"))?;
         stats.set_subscribe(b"").map_err(sock_err("stats"))?;
         stats.set_linger(0).map_err(sock_err("stats"))?;
@@ -83,9 +135,9 @@ impl Sockets {
                 source,
             })?;
         }
-        let route = router(&ctx, "route", &cfg.server.route_bind, cfg)?;
-        let health = router(&ctx, "health", &cfg.server.health_bind, cfg)?;
-        Ok(Sockets { stats, route, health, _ctx: ctx })
+        let route = router(&ctx, "route", &srv.route_bind, &srv.route_allow, cfg)?;
+        let health = router(&ctx, "health", &srv.health_bind, &srv.health_allow, cfg)?;
+        Ok(Sockets { stats, route, health, zap, _ctx: ctx })
     }
 }
 
@@ -200,24 +252,64 @@ fn drain_queries(
     Ok(())
 }
 
+/// Answers one ZAP request: admit the peer if its socket's allowlist has its address.
+fn answer_zap(
+    zap: &zmq::Socket,
+    access: &Access,
+    metrics: &Metrics,
+    log: &mut LogLimiter<3>,
+) -> Result<(), zmq::Error> {
+    let frames = zap.recv_multipart(zmq::DONTWAIT)?;
+    let Some(req) = access::parse_request(&frames) else {
+        // Not a ZAP request: REP still owes a reply to stay usable.
+        return zap.send("", 0);
+    };
+    let (list, cause) = match req.domain {
+        "route" => (&access.route, 0),
+        "health" => (&access.health, 1),
+        _ => (&access.stats, 2),
+    };
+    let allowed = list.allows(req.address);
+    if !allowed {
+        metrics.access_denied(req.domain);
+        // A refused peer reconnects on its own, so this can repeat quickly.
+        if let Some(suppressed) = log.allow(cause, Instant::now()) {
+            tracing::warn!(
+                socket = req.domain,
+                peer = req.address,
+                suppressed,
+                "connection refused: peer not in the allowlist"
+            );
+        }
+    }
+    zap.send_multipart(access::reply(req.request_id, allowed), 0)
+}
+
 /// Serves until `stop` is set, then answers the queries already queued.
 pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Result<(), TransportError> {
-    let Sockets { stats, route, health, _ctx } = &sockets;
+    let Sockets { stats, route, health, zap, _ctx } = &sockets;
     let mut frames = Frames::new();
     let mut stats_msg = zmq::Message::new();
+    let mut items =
+        vec![stats.as_poll_item(zmq::POLLIN), route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
+    if let Some((z, _)) = zap {
+        items.push(z.as_poll_item(zmq::POLLIN));
+    }
+    let mut zap_log = LogLimiter::<3>::default();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= coord.next_tick() {
             coord.tick(now);
         }
         let wait = coord.next_tick().saturating_duration_since(now).min(MAX_WAIT);
-        let mut items =
-            [stats.as_poll_item(zmq::POLLIN), route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
         match zmq::poll(&mut items, wait.as_millis() as i64 + 1) {
             Ok(_) | Err(zmq::Error::EINTR) => {}
             Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
         }
-        let ready = items.map(|i| i.is_readable());
+        let ready: [bool; 4] = std::array::from_fn(|i| items.get(i).is_some_and(|p| p.is_readable()));
+        if let (true, Some((z, access))) = (ready[3], zap) {
+            answer_zap(z, access, coord.metrics(), &mut zap_log).map_err(sock_err("zap"))?;
+        }
         if ready[0] {
             drain_stats(stats, &mut stats_msg, coord).map_err(sock_err("stats"))?;
         }

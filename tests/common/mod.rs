@@ -42,9 +42,16 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `dpcoord` with private endpoints plus `args`, and waits until it answers `ping`.
     pub fn start(args: &[&str]) -> Daemon {
+        Daemon::start_with_route(None, args)
+    }
+
+    /// As [`Daemon::start`], with the route socket on `route` instead of a
+    /// private ipc endpoint. Readiness is checked on the (ipc) health socket.
+    pub fn start_with_route(route: Option<&str>, args: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-        let (route, health, stats) = (ep("route"), ep("health"), ep("stats"));
+        let (health, stats) = (ep("health"), ep("stats"));
+        let route = route.map_or_else(|| ep("route"), str::to_owned);
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
             .args(["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats])
@@ -56,7 +63,7 @@ impl Daemon {
             .spawn()
             .expect("spawn dpcoord");
         let d = Daemon { child: Some(child), dir, route, health, stats, metrics, ctx: zmq::Context::new() };
-        let c = d.client();
+        let c = d.health_client();
         assert_eq!(c.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
         d
     }

@@ -1,0 +1,108 @@
+//! Peer allowlists for TCP sockets, enforced through libzmq's ZAP handler.
+//!
+//! libzmq asks a ZAP handler (a REP socket on `inproc://zeromq.zap.01`)
+//! about every new connection to a socket that has a ZAP domain. dpcoord
+//! sets the domain (`route`, `health`, `stats`) only on sockets with an
+//! allowlist, and answers 200 when the peer's IP falls in one of the
+//! socket's networks, 400 otherwise. This module parses requests and builds
+//! replies; the transport owns the socket. The vendored libzmq has no CURVE,
+//! so traffic itself is not encrypted: use network policy for the rest.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// The networks a socket admits; empty means no check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowlist(Vec<IpNet>);
+
+impl Allowlist {
+    /// Parses `"10.0.0.0/8"`, `"127.0.0.1"` (one host) or IPv6 forms.
+    pub fn parse(items: &[String]) -> Result<Allowlist, String> {
+        items
+            .iter()
+            .map(|s| {
+                s.parse::<IpNet>()
+                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("`{s}` is not an IP address or CIDR network"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Allowlist)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether a peer at `addr` (as ZAP reports it) may connect.
+    pub fn allows(&self, addr: &str) -> bool {
+        let Ok(ip) = addr.parse::<IpAddr>() else { return false };
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// The fields of a ZAP request that the decision needs (RFC 27).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ZapRequest<'a> {
+    pub request_id: &'a [u8],
+    pub domain: &'a str,
+    pub address: &'a str,
+}
+
+/// Reads a ZAP request: version "1.0", request id, domain, address, identity, mechanism, credentials...
+pub fn parse_request(frames: &[Vec<u8>]) -> Option<ZapRequest<'_>> {
+    match frames {
+        [version, request_id, domain, address, _identity, _mechanism, ..] if version.as_slice() == b"1.0" => {
+            Some(ZapRequest {
+                request_id,
+                domain: std::str::from_utf8(domain).ok()?,
+                address: std::str::from_utf8(address).ok()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The reply frames: version, request id, status code, text, user id, metadata.
+pub fn reply(request_id: &[u8], allowed: bool) -> [Vec<u8>; 6] {
+    let (code, text): (&[u8], &[u8]) = if allowed { (b"200", b"OK") } else { (b"400", b"address not allowed") };
+    [b"1.0".to_vec(), request_id.to_vec(), code.to_vec(), text.to_vec(), Vec::new(), Vec::new()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(items: &[&str]) -> Allowlist {
+        Allowlist::parse(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn hosts_networks_and_mapped_addresses() {
+        let l = list(&["127.0.0.2", "10.0.0.0/8", "fd00::/8"]);
+        assert!(l.allows("127.0.0.2"));
+        assert!(!l.allows("127.0.0.1"));
+        assert!(l.allows("10.20.30.40"));
+        assert!(l.allows("::ffff:10.1.1.1"));
+        assert!(l.allows("fd12::1"));
+        assert!(!l.allows("fe80::1"));
+        assert!(!l.allows("not-an-ip"));
+        assert!(Allowlist::parse(&["10.0.0.0/33".to_string()]).is_err());
+        assert!(Allowlist::default().is_empty());
+    }
+
+    #[test]
+    fn zap_request_and_reply_frames() {
+        let frames: Vec<Vec<u8>> =
+            ["1.0", "7", "route", "10.0.0.1", "", "NULL"].iter().map(|s| s.as_bytes().to_vec()).collect();
+        let req = parse_request(&frames).unwrap();
+        assert_eq!(req, ZapRequest { request_id: b"7", domain: "route", address: "10.0.0.1" });
+        assert_eq!(parse_request(&frames[..5]), None);
+        let r = reply(b"7", false);
+        assert_eq!((r[0].as_slice(), r[1].as_slice(), r[2].as_slice()), (&b"1.0"[..], &b"7"[..], &b"400"[..]));
+    }
+}
