@@ -109,8 +109,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub probe_every_ms: u64,
     /// Lockstep steps across ranks (DP attention / MoE); `false` lets ranks step on their own.
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
-    pub lockstep: bool,
+    /// Default true, except in slow-rank (in lockstep every rank waits for the slow one whatever
+    /// the policy does).
+    #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
+    pub lockstep: Option<bool>,
     /// Wait for dpcoord to see the latest stats before each placement (reproducible runs).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
     pub sync: bool,

@@ -58,14 +58,22 @@ pub fn probes(arms: &[ArmResult]) -> String {
     for a in arms.iter().filter(|a| a.probes.iter().sum::<u64>() > 0) {
         let _ = writeln!(
             out,
-            "probes in {}: {} ({} failed), per rank {}",
+            "probes in {} ({}): {} ({} failed), per rank {}",
             a.name,
+            a.policy,
             a.probes.iter().sum::<u64>(),
             a.probe_failures,
             join(&a.probes)
         );
     }
     out
+}
+
+/// The policies whose `score` is highest, comma-separated (ties all named).
+pub fn best(arms: &[ArmResult], score: impl Fn(&ArmResult) -> f64) -> String {
+    let top = arms.iter().map(&score).fold(f64::NEG_INFINITY, f64::max);
+    let names: Vec<&str> = arms.iter().filter(|a| score(a) == top).map(|a| a.policy.as_str()).collect();
+    names.join(", ")
 }
 
 /// `arm` against `base`: placements and input throughput.
@@ -108,6 +116,15 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(94_812), "94,812");
         assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn ties_name_every_best_policy() {
+        let rec = Recorder::new(1);
+        let arms: Vec<ArmResult> = ["a", "b", "c"].iter().map(|p| rec.summarize("x", p, 0)).collect();
+        let score = |r: &ArmResult| if r.policy == "b" { 1.0 } else { 2.0 };
+        assert_eq!(best(&arms, score), "a, c");
+        assert_eq!(best(&arms[1..2], score), "b");
     }
 
     #[test]

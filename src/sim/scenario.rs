@@ -34,13 +34,14 @@ fn nominal_us(a: &SimArgs) -> Micros {
     compute.max(arrivals)
 }
 
-fn base(a: &SimArgs, name: &str) -> ArmSpec {
+/// The arm every scenario starts from; `lockstep` is the scenario's default.
+fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
     let nominal = nominal_us(a);
     ArmSpec {
         name: name.to_owned(),
         ranks: a.ranks,
         engine: EngineSpec { chunk: a.chunk, max_running: 256, cost: DEFAULT_COST },
-        lockstep: a.lockstep,
+        lockstep: a.lockstep.unwrap_or(lockstep),
         slow: None,
         kill: None,
         frontends: a.frontends,
@@ -56,7 +57,7 @@ fn base(a: &SimArgs, name: &str) -> ArmSpec {
     }
 }
 
-fn describe(a: &SimArgs) -> String {
+fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
     let load = match a.rate {
         Some(r) => format!("open loop at {r} requests/s"),
         None => format!("closed loop at concurrency {}", a.concurrency),
@@ -65,7 +66,7 @@ fn describe(a: &SimArgs) -> String {
         "{} ranks{}, chunk {} tokens/step/rank, {} frontend(s), {load}, {} prompts of {} in / {} out tokens, \
          prober every {} ms, speed {}x, seed {}",
         a.ranks,
-        if a.lockstep { " in lockstep" } else { "" },
+        if spec.lockstep { " in lockstep" } else { " stepping on their own" },
         a.chunk,
         a.frontends,
         a.prompts,
@@ -105,10 +106,11 @@ fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
     ];
     let mut results = Vec::new();
     for (name, probe) in arms {
-        results.push(run_arm(&ArmSpec { probe, ..base(a, name) }, &settings)?);
+        results.push(run_arm(&ArmSpec { probe, ..base(a, name, true) }, &settings)?);
     }
     let title = "health-matrix: health probes off / on the health channel / mixed into the user route socket";
-    let mut text = format!("{title}\n{}\n\n{}\n{}", describe(a), report::table(&results), report::probes(&results));
+    let setup = describe(a, &base(a, "", true));
+    let mut text = format!("{title}\n{setup}\n\n{}\n{}", report::table(&results), report::probes(&results));
     text.push_str(&report::versus(&results[1], &results[0]));
     text.push_str(&report::versus(&results[2], &results[0]));
     text.push_str(&report::caveats(&results));
@@ -129,36 +131,33 @@ fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Resul
         };
         results.push(run_arm(&spec, &settings)?);
     }
-    let mut text =
-        format!("{name}: {title}\n{}\n\n{}\n{}", describe(a), report::table(&results), report::probes(&results));
+    let setup = describe(a, &spec);
+    let mut text = format!("{name}: {title}\n{setup}\n\n{}\n{}", report::table(&results), report::probes(&results));
     let lost: u64 = results.iter().map(|r| r.lost).sum();
     if lost == 0 {
         text.push_str("zero requests lost in every arm\n");
     } else {
         let _ = writeln!(text, "LOST {lost} requests over all arms");
     }
-    let best = |f: fn(&ArmResult) -> f64| {
-        results.iter().max_by(|x, y| f(x).total_cmp(&f(y))).map_or("", |r| r.policy.as_str()).to_owned()
-    };
     let _ = writeln!(
         text,
         "highest input tokens/s: {}; lowest ttft p99: {}",
-        best(ArmResult::input_tps),
-        best(|r| -(r.ttft_p99 as f64))
+        report::best(&results, |r| r.input_tps().round()),
+        report::best(&results, |r| -(r.ttft_p99 as f64))
     );
     text.push_str(&report::caveats(&results));
     Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text })
 }
 
 fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
-    let spec = ArmSpec { slow: Some((0, 50)), probe: probe(a, ProbeVia::Health), ..base(a, "slow-rank") };
+    let spec = ArmSpec { slow: Some((0, 50)), probe: probe(a, ProbeVia::Health), ..base(a, "slow-rank", false) };
     compare(a, "slow-rank", "rank 0 runs at half speed", spec)
 }
 
 fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let rank = 3 % a.ranks;
     let at = nominal_us(a) * 3 / 10;
-    let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank") };
+    let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank", true) };
     let title = format!("rank {rank} dies at {:.1} s; its requests are retried", at as f64 / 1e6);
     compare(a, "dead-rank", &title, spec)
 }
@@ -166,7 +165,7 @@ fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
 fn hetero_prompts(a: &SimArgs) -> Result<Outcome, SimError> {
     let lo = (a.input_tokens / 16).max(1);
     let hi = a.input_tokens.saturating_mul(2).saturating_sub(lo).max(lo);
-    let mut spec = ArmSpec { probe: probe(a, ProbeVia::Health), ..base(a, "hetero-prompts") };
+    let mut spec = ArmSpec { probe: probe(a, ProbeVia::Health), ..base(a, "hetero-prompts", true) };
     spec.lengths.input = (lo, hi);
     compare(a, "hetero-prompts", &format!("prompt lengths uniform in {lo}..={hi} tokens"), spec)
 }

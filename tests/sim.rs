@@ -1,0 +1,145 @@
+//! `dpcoord sim` end to end: the real binary runs dpcoord in-process with
+//! simulated engines, frontends and a prober. With `round_robin` a run is
+//! exactly reproducible (one event loop in virtual time), so the health
+//! matrix is checked to the last digit.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpcoord::config::PolicyKind;
+
+/// Longest any one run may take.
+const DEADLINE: Duration = Duration::from_secs(25);
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `dpcoord sim ARGS --speed 0 --out OUT`, killing it after [`DEADLINE`].
+fn sim(out: &Path, args: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .arg("sim")
+        .args(args)
+        .args(["--speed", "0", "--out"])
+        .arg(out)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dpcoord sim");
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            pipe.read_to_string(&mut s).unwrap();
+            s
+        })
+    };
+    let stdout = reader(Box::new(child.stdout.take().unwrap()));
+    let stderr = reader(Box::new(child.stderr.take().unwrap()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("dpcoord sim {args:?} did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Run { code: status.code(), stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
+/// The whitespace-separated cells of the table row starting with `arm` (and `policy`).
+fn row<'a>(text: &'a str, arm: &str, policy: &str) -> Vec<&'a str> {
+    let cells = |l: &'a str| l.split_whitespace().collect::<Vec<_>>();
+    let rows: Vec<Vec<&str>> =
+        text.lines().map(cells).filter(|c| c.len() > 2 && c[0] == arm && c[1] == policy).collect();
+    assert_eq!(rows.len(), 1, "one row for {arm} {policy} in:\n{text}");
+    rows[0].clone()
+}
+
+fn cells(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
+#[test]
+fn health_matrix_health_channel_matches_health_off_and_mixed_traffic_skews() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["health-matrix", "--input-tokens", "16384", "--probe-every-ms", "1000"];
+    let r = sim(out.path(), &args);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    // arm, policy, completed, lost, retries, input tok/s, ttft p50, ttft p99, std, placements x 8.
+    let even = "160 0 0 94,672 2701.4 3376.8 0.00 20 20 20 20 20 20 20 20";
+    assert_eq!(row(&r.stdout, "health-off", "round_robin"), cells(&format!("health-off round_robin {even}")));
+    assert_eq!(row(&r.stdout, "health-channel", "round_robin"), cells(&format!("health-channel round_robin {even}")));
+    // The mixed arm's 30 probes took user placements: [21 22 20 18 21 17 21 20]
+    // has squared deviations summing to 20, so std = sqrt(20 / 8) = 1.58.
+    let skewed = "mixed-route round_robin 160 0 0 86,257 2701.4 5402.9 1.58 21 22 20 18 21 17 21 20";
+    assert_eq!(row(&r.stdout, "mixed-route", "round_robin"), cells(skewed));
+    for line in [
+        "probes in health-channel (round_robin): 27 (0 failed), per rank 4 4 4 3 3 3 3 3",
+        // The mixed arm ran longer, so its prober sent more probes.
+        "probes in mixed-route (round_robin): 30 (0 failed), per rank 3 2 4 6 3 7 2 3",
+        "health-channel vs health-off: identical placements (std 0.00 vs 0.00), input tokens/s +0.00 %, \
+         ttft p99 3376.8 vs 3376.8 ms",
+        "mixed-route vs health-off: different placements (std 1.58 vs 0.00), input tokens/s -8.89 %, \
+         ttft p99 5402.9 vs 3376.8 ms",
+    ] {
+        assert!(r.stdout.lines().any(|l| l == line), "missing {line:?} in:\n{}", r.stdout);
+    }
+    let text = std::fs::read_to_string(out.path().join("health-matrix.txt")).unwrap();
+    assert!(r.stdout.starts_with(&text), "the written report is what was printed");
+    let svg = std::fs::read_to_string(out.path().join("health-matrix.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    assert_eq!(svg.matches("<polyline").count(), 3 * 2 * 8, "3 arms x 2 panels x 8 ranks");
+}
+
+#[test]
+fn open_loop_replicas_still_see_health_isolation() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["health-matrix", "--rate", "1.5", "--frontends", "3", "--input-tokens", "16384"];
+    let r = sim(out.path(), &args);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    assert!(r.stdout.contains("3 frontend(s), open loop at 1.5 requests/s"), "{}", r.stdout);
+    let off = row(&r.stdout, "health-off", "round_robin");
+    let on = row(&r.stdout, "health-channel", "round_robin");
+    assert_eq!(off[1..], on[1..], "health on its own channel changes nothing");
+    assert_eq!(off[2..4], ["160", "0"]);
+    assert_eq!(off[8..], ["0.00", "20", "20", "20", "20", "20", "20", "20", "20"]);
+}
+
+#[test]
+fn every_scenario_runs_every_policy_and_loses_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["all", "--prompts", "24", "--concurrency", "8", "--input-tokens", "4096", "--probe-every-ms", "300"];
+    let r = sim(out.path(), &args);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    for name in ["slow-rank", "dead-rank", "hetero-prompts"] {
+        let text = std::fs::read_to_string(out.path().join(format!("{name}.txt"))).unwrap();
+        for p in PolicyKind::ALL {
+            let cells = row(&text, name, p.as_str());
+            assert_eq!(cells[2..4], ["24", "0"], "{name} {}: 24 completed, 0 lost", p.as_str());
+        }
+        assert!(text.contains("zero requests lost in every arm\n"), "{text}");
+        assert!(out.path().join(format!("{name}.svg")).is_file());
+    }
+    let matrix = std::fs::read_to_string(out.path().join("health-matrix.txt")).unwrap();
+    assert_eq!(row(&matrix, "health-off", "round_robin")[2..4], ["24", "0"]);
+}
+
+#[test]
+fn bad_arguments_exit_2_with_one_line() {
+    let out = tempfile::tempdir().unwrap();
+    let r = sim(out.path(), &["health-matrix", "--rate", "0"]);
+    assert_eq!(r.code, Some(2));
+    assert_eq!(r.stderr, "dpcoord sim: --rate must be a number > 0, got 0\n");
+    let r = sim(out.path(), &["no-such-scenario"]);
+    assert_eq!(r.code, Some(2));
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(!out.path().join("health-matrix.txt").exists());
+}
