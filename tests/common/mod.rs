@@ -46,8 +46,10 @@ impl Daemon {
     }
 
     /// As [`Daemon::start`], with the route socket on `route` instead of a
-    /// private ipc endpoint. Readiness is checked on the (ipc) health socket.
+    /// private ipc endpoint; then readiness is checked on the (ipc) health
+    /// socket, since the test may be about who can reach the route socket.
     pub fn start_with_route(route: Option<&str>, args: &[&str]) -> Daemon {
+        let custom_route = route.is_some();
         let dir = tempfile::tempdir().unwrap();
         let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
         let (health, stats) = (ep("health"), ep("stats"));
@@ -63,7 +65,7 @@ impl Daemon {
             .spawn()
             .expect("spawn dpcoord");
         let d = Daemon { child: Some(child), dir, route, health, stats, metrics, ctx: zmq::Context::new() };
-        let c = d.health_client();
+        let c = if custom_route { d.health_client() } else { d.client() };
         assert_eq!(c.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
         d
     }
