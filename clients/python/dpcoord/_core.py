@@ -97,6 +97,28 @@ def rank_of(reply: dict[str, Any]) -> int:
     return rank
 
 
+def uninformed(state: dict[str, Any], err: Exception, rank: Any, bootstrap_room: Any) -> bool:
+    """Whether a ``no_engine_available`` / ``rank_unavailable`` refusal only means
+    that dpcoord has not heard from the engines yet (it just started): every rank,
+    or the pinned one, is still ``unknown`` in its ``state``."""
+    from .errors import NoEngineAvailableError, RankUnavailableError
+
+    entries = state.get("ranks")
+    if not isinstance(entries, list) or not entries:
+        return False
+    statuses = [e.get("status") if isinstance(e, dict) else None for e in entries]
+    if isinstance(err, NoEngineAvailableError):
+        return all(s == "unknown" for s in statuses)
+    if isinstance(err, RankUnavailableError):
+        target = rank if rank is not None else bootstrap_room
+        if not isinstance(target, int) or isinstance(target, bool) or target < 0:
+            return False
+        if rank is None:
+            target %= len(statuses)
+        return target < len(statuses) and statuses[target] == "unknown"
+    return False
+
+
 def epoch_of(reply: dict[str, Any]) -> int:
     epoch = reply.get("epoch")
     if not isinstance(epoch, int) or isinstance(epoch, bool):
@@ -160,6 +182,7 @@ class LocalRouter:
     fallbacks: int = 0
     health_fallbacks: int = 0
     epoch: int | None = None
+    source: str | None = None
     routable: list[int] | None = None
     state_dp_size: int | None = None
     seen: set[int] = field(default_factory=set)
@@ -172,23 +195,34 @@ class LocalRouter:
 
     # what dpcoord told us
 
-    def needs_refresh(self, epoch: int) -> bool:
+    def needs_refresh(self, epoch: int, source: str) -> bool:
+        """Whether a reply from ``source`` at ``epoch`` may disagree with the snapshot."""
         with self._lock:
-            return epoch != self.epoch
+            return epoch != self.epoch or source != self.source
 
-    def observe_state(self, reply: dict[str, Any]) -> None:
+    def forget_source(self) -> None:
+        """Forces a refresh at the next reply (an endpoint came back: maybe restarted)."""
+        with self._lock:
+            self.source = None
+
+    def observe_state(self, reply: dict[str, Any], source: str | None = None) -> None:
+        """Takes the routable set from a ``state`` reply. A dpcoord that no engine
+        has reported to yet (every rank ``unknown``: just started) knows less than
+        the snapshot, so the snapshot's ranks are kept."""
         ranks = reply.get("ranks")
         if not isinstance(ranks, list):
             return
+        entries = [e for e in ranks if isinstance(e, dict)]
         routable = sorted(
-            e["rank"]
-            for e in ranks
-            if isinstance(e, dict) and e.get("status") in ROUTABLE and isinstance(e.get("rank"), int)
+            e["rank"] for e in entries if e.get("status") in ROUTABLE and isinstance(e.get("rank"), int)
         )
+        uninformed = all(e.get("status") == "unknown" for e in entries)
         with self._lock:
             self.epoch = reply.get("epoch")
-            self.routable = routable
+            self.source = source
             self.state_dp_size = len(ranks)
+            if not (uninformed and self.routable):
+                self.routable = routable
 
     def observe_ranks(self, ranks) -> None:
         with self._lock:
@@ -243,7 +277,7 @@ class LocalRouter:
                 pool = self.pool()
                 if not pool:
                     raise UnreachableError(
-                        message=f"no answer from dpcoord ({where}) and no rank known to fall back on;"
+                        message=f"dpcoord cannot place the request ({where}) and no rank is known to fall back on;"
                         " pass dp_size= to the client"
                     )
                 if session is not None:
@@ -264,7 +298,7 @@ class LocalRouter:
                 pool = self.pool()
                 if not pool:
                     raise UnreachableError(
-                        message=f"no answer from dpcoord ({where}) and no rank known to fall back on;"
+                        message=f"dpcoord cannot place the request ({where}) and no rank is known to fall back on;"
                         " pass dp_size= to the client"
                     )
                 fixed = pool[self._health_cursor % len(pool)]
@@ -280,12 +314,12 @@ class LocalRouter:
         if not self._outage:
             self._outage = True
             log.warning(
-                "dpcoord unreachable (%s): routing locally, round-robin over ranks %s", where, self.pool()
+                "dpcoord cannot place requests (%s): routing locally, round-robin over ranks %s", where, self.pool()
             )
             self._last_log, self._since_log = now, 0
         elif now - self._last_log >= self.log_period_s:
             log.warning(
-                "dpcoord still unreachable (%s): %d requests routed locally in the last %.0f s",
+                "dpcoord still cannot place requests (%s): %d requests routed locally in the last %.0f s",
                 where,
                 self._since_log,
                 now - self._last_log,

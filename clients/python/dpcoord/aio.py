@@ -11,7 +11,7 @@ import zmq.asyncio
 
 from . import _core
 from ._core import Endpoint, LocalRouter, log
-from .errors import DpcoordError, UnreachableError
+from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
 
 
 class AsyncRouterClient:
@@ -34,6 +34,7 @@ class AsyncRouterClient:
         standby: Iterable[str | tuple[str, str | None]] = (),
         log_period_s: float = 30.0,
         track_state: bool = True,
+        fallback_when_uninformed: bool = True,
         context: zmq.asyncio.Context | None = None,
     ):
         if timeout_ms <= 0:
@@ -47,6 +48,8 @@ class AsyncRouterClient:
             "health": [Endpoint(h, "health") for _, h in pairs if h],
         }
         self._local = LocalRouter(dp_size=dp_size, log_period_s=log_period_s)
+        self.fallback_when_uninformed = fallback_when_uninformed
+        self._why: str | None = None
         self._lock: asyncio.Lock | None = None
         self._closed = False
         self.last_source: str | None = None
@@ -84,21 +87,26 @@ class AsyncRouterClient:
         query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
         if await self._acquire():
             try:
-                reply = await self._call("route", query, fast=True)
+                reply = await self._call("route", query, fast=True, skip=self._uninformed(rank, bootstrap_room))
                 if reply is not None:
                     ranks = _core.ranks_of(reply, n)
                     self._local.observe_ranks(ranks)
+                    self._local.note_answered(self.last_endpoint)
                     await self._after_reply("route", reply)
                     self.last_source = "dpcoord"
                     return ranks
+                where = self._why or self._where("route")
             finally:
                 self._release()
-        ranks = self._local.route(n, rank, bootstrap_room, session, self._where("route"))
+        else:
+            where = "client busy: another call holds it"
+        ranks = self._local.route(n, rank, bootstrap_room, session, where)
         self.last_source = "fallback"
         return ranks
 
     async def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         query = _core.health_route_query(rank, bootstrap_room)
+        where = self._where("health")
         if self._eps["health"] and await self._acquire():
             try:
                 reply = await self._call("health", query, fast=True)
@@ -108,7 +116,7 @@ class AsyncRouterClient:
                     return result
             finally:
                 self._release()
-        return self._local.health_route(rank, bootstrap_room, self._where("health"))
+        return self._local.health_route(rank, bootstrap_room, where)
 
     async def health_report(self, rank: int, ok: bool) -> bool:
         query = _core.health_report_query(rank, ok)
@@ -123,7 +131,7 @@ class AsyncRouterClient:
 
     async def state(self) -> dict[str, Any]:
         reply = await self.call("state")
-        self._local.observe_state(reply)
+        self._local.observe_state(reply, self.last_endpoint)
         return reply
 
     async def ping(self) -> int:
@@ -140,7 +148,7 @@ class AsyncRouterClient:
         finally:
             self._release()
         if reply is None:
-            raise UnreachableError(message=f"no answer from dpcoord ({self._where(channel)})")
+            raise UnreachableError(message=self._where(channel))
         return reply
 
     def close(self) -> None:
@@ -175,18 +183,40 @@ class AsyncRouterClient:
 
     def _where(self, channel: str) -> str:
         eps = self._eps[channel]
-        return ", ".join(ep.address for ep in eps) if eps else f"no {channel} endpoint"
+        if not eps:
+            return f"no {channel} endpoint configured"
+        return "no answer within {} ms from {}".format(self.timeout_ms, ", ".join(ep.address for ep in eps))
+
+    def _uninformed(self, rank: Any, bootstrap_room: Any):
+        async def skip(ep: Endpoint, err: DpcoordError) -> bool:
+            if not self.fallback_when_uninformed or not isinstance(
+                err, (NoEngineAvailableError, RankUnavailableError)
+            ):
+                return False
+            raw = await self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
+            if raw is None:
+                self._mark_down(ep)
+                return True
+            try:
+                state = _core.decode(raw)
+            except DpcoordError:
+                return False
+            self._local.observe_state(state, ep.address)
+            return _core.uninformed(state, err, rank, bootstrap_room)
+
+        return skip
 
     async def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
         epoch = reply.get("epoch")
-        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch):
+        source = self.last_endpoint or ""
+        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch, source):
             return
         try:
             state = await self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
         except DpcoordError:
             return
         if state is not None:
-            self._local.observe_state(state)
+            self._local.observe_state(state, self.last_endpoint)
 
     def _reset(self, ep: Endpoint) -> None:
         if ep.sock is not None:
@@ -202,6 +232,17 @@ class AsyncRouterClient:
         sock.connect(ep.address)
         ep.sock = sock
         return sock
+
+    def _mark_down(self, ep: Endpoint) -> None:
+        if not ep.down:
+            log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
+            ep.down = True
+
+    def _mark_up(self, ep: Endpoint) -> None:
+        if ep.down:
+            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+            ep.down = False
+            self._local.forget_source()
 
     async def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
         if ep.sock is None or ep.probe_at is not None:
@@ -229,8 +270,7 @@ class AsyncRouterClient:
             if await ep.sock.poll(0, zmq.POLLIN):
                 await ep.sock.recv()
                 ep.probe_at = None
-                ep.down = False
-                log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+                self._mark_up(ep)
                 return
         except zmq.ZMQError:
             pass
@@ -248,26 +288,32 @@ class AsyncRouterClient:
         except zmq.ZMQError:
             self._reset(ep)
 
-    async def _call(self, channel: str, query: dict[str, Any], fast: bool) -> dict[str, Any] | None:
+    async def _call(self, channel: str, query: dict[str, Any], fast: bool, skip=None) -> dict[str, Any] | None:
         eps = self._eps[channel]
         for ep in eps:
             if ep.down:
                 await self._check_probe(ep)
+                if ep.down and fast:
+                    await self._ensure_probe(ep)  # keep a probe in flight while others answer
         payload = _core.encode(query)
+        self._why = None
         for ep in eps:
             if ep.down and fast:
                 continue
             raw = await self._exchange(ep, payload)
             if raw is None:
-                if not ep.down:
-                    log.warning("dpcoord %s endpoint %s: no answer within %d ms", channel, ep.address, self.timeout_ms)
-                ep.down = True
+                self._mark_down(ep)
                 continue
-            ep.down = False
+            self._mark_up(ep)
+            try:
+                reply = _core.decode(raw, query.get("id"))
+            except DpcoordError as e:
+                if skip is not None and await skip(ep, e):
+                    self._why = f"{ep.address} has not heard from any engine yet"
+                    continue
+                raise
             self.last_endpoint = ep.address
-            if channel == "route":
-                self._local.note_answered(ep.address)
-            return _core.decode(raw, query.get("id"))
+            return reply
         for ep in eps:
             if ep.down:
                 await self._ensure_probe(ep)

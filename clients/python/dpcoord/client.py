@@ -10,7 +10,7 @@ import zmq
 
 from . import _core
 from ._core import Endpoint, LocalRouter, log
-from .errors import DpcoordError, UnreachableError
+from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
 
 
 class RouterClient:
@@ -26,7 +26,12 @@ class RouterClient:
       A down endpoint costs no waiting: a ``ping`` probe stays in flight and is
       checked on each call, so routing returns to dpcoord as soon as it answers.
     * A refusal from dpcoord raises the :class:`~dpcoord.errors.DpcoordError`
-      subclass of its code; a refusal is an answer, so it never triggers fallback.
+      subclass of its code; a refusal is an answer and does not trigger fallback,
+      with one exception (``fallback_when_uninformed``, on by default): a route
+      refused ``no_engine_available`` / ``rank_unavailable`` by a dpcoord that no
+      engine has reported to yet (every rank, or the pinned one, ``unknown``: it
+      just restarted) goes to the next endpoint, then to the local fallback, so a
+      dpcoord restart leaves no request without a rank.
 
     A call takes at most about ``timeout_ms`` per endpoint that is believed up (and
     ``timeout_ms`` when another thread holds the client, after which ``route`` falls
@@ -43,6 +48,7 @@ class RouterClient:
         standby: Iterable[str | tuple[str, str | None]] = (),
         log_period_s: float = 30.0,
         track_state: bool = True,
+        fallback_when_uninformed: bool = True,
         context: zmq.Context | None = None,
     ):
         if timeout_ms <= 0:
@@ -56,6 +62,9 @@ class RouterClient:
             "health": [Endpoint(h, "health") for _, h in pairs if h],
         }
         self._local = LocalRouter(dp_size=dp_size, log_period_s=log_period_s)
+        #: Route locally when dpcoord refuses only because no engine has reported to it yet.
+        self.fallback_when_uninformed = fallback_when_uninformed
+        self._why: str | None = None
         self._lock = threading.Lock()
         self._closed = False
         #: "dpcoord" or "fallback": who answered the last route call.
@@ -107,22 +116,27 @@ class RouterClient:
         query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
         if self._lock.acquire(timeout=self.timeout_ms / 1000):
             try:
-                reply = self._call("route", query, fast=True)
+                reply = self._call("route", query, fast=True, skip=self._uninformed(rank, bootstrap_room))
                 if reply is not None:
                     ranks = _core.ranks_of(reply, n)
                     self._local.observe_ranks(ranks)
+                    self._local.note_answered(self.last_endpoint)
                     self._after_reply("route", reply)
                     self.last_source = "dpcoord"
                     return ranks
+                where = self._why or self._where("route")
             finally:
                 self._lock.release()
-        ranks = self._local.route(n, rank, bootstrap_room, session, self._where("route"))
+        else:
+            where = "client busy: another call holds it"
+        ranks = self._local.route(n, rank, bootstrap_room, session, where)
         self.last_source = "fallback"
         return ranks
 
     def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         """The rank a health probe should go to, by the health channel's own rotation."""
         query = _core.health_route_query(rank, bootstrap_room)
+        where = self._where("health")
         if self._eps["health"] and self._lock.acquire(timeout=self.timeout_ms / 1000):
             try:
                 reply = self._call("health", query, fast=True)
@@ -132,7 +146,7 @@ class RouterClient:
                     return result
             finally:
                 self._lock.release()
-        return self._local.health_route(rank, bootstrap_room, self._where("health"))
+        return self._local.health_route(rank, bootstrap_room, where)
 
     def health_report(self, rank: int, ok: bool) -> bool:
         """Reports a probe's outcome. False (and counted in :attr:`dropped_reports`)
@@ -150,7 +164,7 @@ class RouterClient:
     def state(self) -> dict[str, Any]:
         """dpcoord's engine table: ``{"epoch": E, "ranks": [{"rank", "status", "counts", ...}]}``."""
         reply = self.call("state")
-        self._local.observe_state(reply)
+        self._local.observe_state(reply, self.last_endpoint)
         return reply
 
     def ping(self) -> int:
@@ -172,7 +186,7 @@ class RouterClient:
         finally:
             self._lock.release()
         if reply is None:
-            raise UnreachableError(message=f"no answer from dpcoord ({self._where(channel)})")
+            raise UnreachableError(message=self._where(channel))
         return reply
 
     def close(self) -> None:
@@ -192,19 +206,45 @@ class RouterClient:
 
     def _where(self, channel: str) -> str:
         eps = self._eps[channel]
-        return ", ".join(ep.address for ep in eps) if eps else f"no {channel} endpoint"
+        if not eps:
+            return f"no {channel} endpoint configured"
+        return "no answer within {} ms from {}".format(self.timeout_ms, ", ".join(ep.address for ep in eps))
+
+    def _uninformed(self, rank: Any, bootstrap_room: Any):
+        """The refusal filter of ``route``: ``no_engine_available`` or
+        ``rank_unavailable`` from a dpcoord no engine has reported to yet (it just
+        started) moves on to the next endpoint, then to the local fallback."""
+
+        def skip(ep: Endpoint, err: DpcoordError) -> bool:
+            if not self.fallback_when_uninformed or not isinstance(
+                err, (NoEngineAvailableError, RankUnavailableError)
+            ):
+                return False
+            raw = self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
+            if raw is None:
+                self._mark_down(ep)
+                return True
+            try:
+                state = _core.decode(raw)
+            except DpcoordError:
+                return False
+            self._local.observe_state(state, ep.address)
+            return _core.uninformed(state, err, rank, bootstrap_room)
+
+        return skip
 
     def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
         """Keeps the fallback pool current: a new epoch means the routable set changed."""
         epoch = reply.get("epoch")
-        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch):
+        source = self.last_endpoint or ""
+        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch, source):
             return
         try:
             state = self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
         except DpcoordError:
             return
         if state is not None:
-            self._local.observe_state(state)
+            self._local.observe_state(state, self.last_endpoint)
 
     def _reset(self, ep: Endpoint) -> None:
         if ep.sock is not None:
@@ -220,6 +260,17 @@ class RouterClient:
         sock.connect(ep.address)
         ep.sock = sock
         return sock
+
+    def _mark_down(self, ep: Endpoint) -> None:
+        if not ep.down:
+            log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
+            ep.down = True
+
+    def _mark_up(self, ep: Endpoint) -> None:
+        if ep.down:
+            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+            ep.down = False
+            self._local.forget_source()  # it may have restarted: refresh the snapshot
 
     def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
         """One request and its reply, or None after ``timeout_ms`` (socket reset)."""
@@ -237,19 +288,19 @@ class RouterClient:
         return None
 
     def _check_probe(self, ep: Endpoint) -> None:
+        """Without blocking: did the down endpoint answer its probe?"""
         if ep.probe_at is None or ep.sock is None:
             return
         try:
             if ep.sock.poll(0, zmq.POLLIN):
                 ep.sock.recv()
                 ep.probe_at = None
-                ep.down = False
-                log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+                self._mark_up(ep)
                 return
         except zmq.ZMQError:
             pass
         if time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
-            self._reset(ep)
+            self._reset(ep)  # lazy pirate: a fresh socket and probe on the next call
 
     def _ensure_probe(self, ep: Endpoint) -> None:
         if ep.probe_at is not None:
@@ -262,29 +313,37 @@ class RouterClient:
         except zmq.ZMQError:
             self._reset(ep)
 
-    def _call(self, channel: str, query: dict[str, Any], fast: bool) -> dict[str, Any] | None:
-        """The first answer among the channel's endpoints, in order, or None.
+    def _call(self, channel: str, query: dict[str, Any], fast: bool, skip=None) -> dict[str, Any] | None:
+        """The first usable answer among the channel's endpoints, in order, or None.
 
-        ``fast`` skips endpoints that are down (their probe is checked instead)."""
+        ``fast`` passes over endpoints that are down (their probe is checked
+        instead of waiting on them). A refusal for which ``skip(endpoint, error)``
+        is true is passed over like a missing answer; any other refusal raises."""
         eps = self._eps[channel]
         for ep in eps:
             if ep.down:
                 self._check_probe(ep)
+                if ep.down and fast:
+                    self._ensure_probe(ep)  # keep a probe in flight while others answer
         payload = _core.encode(query)
+        self._why = None
         for ep in eps:
             if ep.down and fast:
                 continue
             raw = self._exchange(ep, payload)
             if raw is None:
-                if not ep.down:
-                    log.warning("dpcoord %s endpoint %s: no answer within %d ms", channel, ep.address, self.timeout_ms)
-                ep.down = True
+                self._mark_down(ep)
                 continue
-            ep.down = False
+            self._mark_up(ep)
+            try:
+                reply = _core.decode(raw, query.get("id"))
+            except DpcoordError as e:
+                if skip is not None and skip(ep, e):
+                    self._why = f"{ep.address} has not heard from any engine yet"
+                    continue
+                raise
             self.last_endpoint = ep.address
-            if channel == "route":
-                self._local.note_answered(ep.address)
-            return _core.decode(raw, query.get("id"))
+            return reply
         for ep in eps:
             if ep.down:
                 self._ensure_probe(ep)

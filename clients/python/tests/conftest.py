@@ -181,6 +181,11 @@ class Engines:
         with self._lock:
             self.counts[rank].update(counts)
 
+    def silence(self, rank: int) -> None:
+        """Rank ``rank`` stops publishing (a dead engine)."""
+        with self._lock:
+            self.pubs.pop(rank).close()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._lock:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import dpcoord
-from conftest import bring_up
+from conftest import bring_up, eventually
 from dpcoord import (
     BadRequestError,
     DpcoordError,
@@ -70,7 +70,8 @@ def test_route_round_robin_pins_rooms_and_sessions(start_daemon, engines, client
 
 def test_typed_errors_carry_the_contract_code(start_daemon, engines, client_for):
     d = start_daemon("--dp-size", "2", "--pending-ttl-ms", "60000")
-    c = client_for(d)
+    # Strict: every refusal raises, even from a dpcoord no engine has reported to yet.
+    c = client_for(d, fallback_when_uninformed=False)
     with pytest.raises(NoEngineAvailableError) as e:
         c.route()
     assert e.value.code == "no_engine_available" and "no routable rank" in e.value.message
@@ -152,3 +153,21 @@ def test_many_threads_share_one_client(start_daemon, engines, client_for):
     assert len(got) == 400
     assert (got.count(0), got.count(1)) == (200, 200)
     assert c.fallbacks == 0
+
+
+def test_refusals_of_an_uninformed_dpcoord_fall_back_others_raise(start_daemon, engines, client_for):
+    d = start_daemon("--dp-size", "2", "--stale-after-ms", "100", "--down-after-ms", "300")
+    c = client_for(d)
+    # No engine has reported yet (a dpcoord that just started): route locally.
+    assert c.route(n=3) == [0, 1, 0]
+    assert c.route(rank=1) == [1]
+    assert (c.fallbacks, c.last_source) == (2, "fallback")
+    e = bring_up(d, engines, [0, 1])
+    assert c.route(n=2) == [0, 1] and c.last_source == "dpcoord"
+    # Rank 1 goes silent, then down: dpcoord knows it, so its refusal stands.
+    e.silence(1)
+    eventually("rank 1 down", lambda: d.statuses() == ["up", "down"])
+    with pytest.raises(RankUnavailableError):
+        c.route(rank=1)
+    assert c.route() == [0]
+    assert c.fallbacks == 2
