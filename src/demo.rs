@@ -58,17 +58,25 @@ fn workload() -> ArmSpec {
     }
 }
 
+/// What the demo runs, printed once above the live table.
+pub fn intro(metrics: SocketAddr) -> String {
+    format!(
+        "dpcoord demo: {RANKS} simulated engines publish stats to an in-process dpcoord (round_robin);\n\
+         {FRONTENDS} frontends route every request through it; a prober uses the health channel.\n\
+         metrics: http://{metrics}/metrics (also /state, /healthz, /readyz). Ctrl-C stops early.\n"
+    )
+}
+
 /// The live table: dpcoord's view of each rank plus the prober's count.
-pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration, metrics: SocketAddr) -> String {
+pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration) -> String {
     let width = 30;
     let done = ((elapsed.as_secs_f64() / total.as_secs_f64().max(1e-9)) * width as f64).round() as usize;
     let bar: String = (0..width).map(|i| if i < done.min(width) { '#' } else { '.' }).collect();
     let mut out = format!(
-        "dpcoord demo  [{bar}] {:>4.1}/{} s  policy {}  epoch {}  metrics http://{metrics}/metrics\n\
+        "[{bar}] {:>5.1}/{} s  epoch {}\n\
          rank  status  placements  waiting  running  pending  penalty  probes\n",
         elapsed.as_secs_f64(),
         total.as_secs(),
-        view.policy,
         view.epoch
     );
     for r in &view.ranks {
@@ -124,7 +132,6 @@ async fn watch(
     live: &Live,
     world: &JoinHandle<Result<Recorder, NetError>>,
     total: Duration,
-    addr: SocketAddr,
 ) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
@@ -140,7 +147,7 @@ async fn watch(
             _ = tick.tick() => {}
         }
         let elapsed = start.elapsed().min(total);
-        let text = render(&local.published.state(), live, elapsed, total, addr);
+        let text = render(&local.published.state(), live, elapsed, total);
         let mut stdout = std::io::stdout().lock();
         if tty && drawn > 0 {
             write!(stdout, "\x1b[{drawn}A\x1b[J")?;
@@ -171,7 +178,8 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
             .spawn(move || world::run(&spec, &mut link, &stop, Some(&live)))?
     };
     let total = Duration::from_secs(args.seconds);
-    let watched = rt.block_on(watch(&local, &live, &world, total, addr));
+    println!("{}", intro(addr));
+    let watched = rt.block_on(watch(&local, &live, &world, total));
     stop.store(true, Ordering::Relaxed);
     let rec = match world.join() {
         Ok(r) => r?,
@@ -196,5 +204,31 @@ pub fn main(args: &DemoArgs) -> ExitCode {
             eprintln!("dpcoord demo: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::record::Request;
+
+    #[test]
+    fn summary_counts_completed_in_flight_and_probes() {
+        let mut rec = Recorder::new(RANKS);
+        let req =
+            |done| Request { frontend: 0, prompt: 1000, output: 1, issued: 0, first_token: done, done, attempts: 1 };
+        rec.requests = vec![req(Some(5)), req(Some(9)), req(None)];
+        rec.placements = vec![1, 1, 1, 0, 0, 0, 0, 0];
+        rec.probes = vec![2, 1, 1, 1, 1, 1, 1, 1];
+        let addr = SocketAddr::from(([127, 0, 0, 1], 9570));
+        let text = summary(&rec, 4.0, addr);
+        let want = "summary after 4.0 s (8 simulated ranks, 2 frontends, round_robin):\n\
+            \x20 user placements per rank: 1 1 1 0 0 0 0 0  (std 0.48)\n\
+            \x20 completed requests:       2 (1 in flight at stop)\n\
+            \x20 input tokens/s:           500\n\
+            \x20 health probes:            9 on the health channel, per rank 2 1 1 1 1 1 1 1; \
+            they took no user placement\n\
+            metrics were served at http://127.0.0.1:9570/metrics (also /state, /healthz, /readyz)\n";
+        assert_eq!(text, want);
     }
 }

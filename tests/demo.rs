@@ -88,18 +88,18 @@ fn http_get(addr: &str, path: &str) -> String {
 #[test]
 fn demo_shows_the_table_serves_metrics_and_summarizes() {
     let mut demo = Demo::start("3");
-    let head = demo.until("a table", |l| l.starts_with("dpcoord demo  ["));
-    let addr = head.split("http://").nth(1).and_then(|a| a.strip_suffix("/metrics")).unwrap().to_owned();
-    demo.until("all ranks up", |l| l.starts_with("completed "));
+    let intro = demo.until("the metrics address", |l| l.starts_with("metrics: http://"));
+    let addr = intro["metrics: http://".len()..].split("/metrics").next().unwrap().to_owned();
+    demo.until("a table", |l| l.starts_with("completed "));
     let metrics = http_get(&addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("dpcoord_routed_total{class=\"health\",dp_rank=\"0\"}"), "{metrics}");
     let (code, out) = demo.finish();
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains('\x1b'), "no cursor movement without a TTY");
-    let heads: Vec<&str> = out.lines().filter(|l| l.starts_with("dpcoord demo  [")).collect();
-    assert_eq!(heads.len(), out.lines().filter(|l| *l == HEADER).count());
-    assert!(heads.last().unwrap().contains(&format!("[{}]  3.0/3 s", "#".repeat(30))), "{out}");
+    let progress: Vec<&str> = out.lines().filter(|l| l.starts_with('[') && l.contains(" s  epoch ")).collect();
+    assert_eq!(progress.len(), out.lines().filter(|l| *l == HEADER).count(), "{out}");
+    assert!(progress.last().unwrap().starts_with(&format!("[{}]   3.0/3 s  epoch ", "#".repeat(30))), "{out}");
     let last_table: Vec<&str> = out.rsplit(HEADER).next().unwrap().lines().skip(1).take(8).collect();
     assert!(last_table.iter().all(|l| l.split_whitespace().nth(1) == Some("up")), "{last_table:?}");
 

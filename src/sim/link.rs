@@ -37,6 +37,8 @@ pub struct Link {
     pubs: Vec<StatsPub>,
     dead: Vec<bool>,
     sync: bool,
+    /// Whether updates carry `ttft_ms` (which feeds dpcoord's penalty).
+    ttft: bool,
     dirty: bool,
     last_beat: Instant,
     /// Syncs that gave up waiting (the run is then not exactly reproducible).
@@ -62,6 +64,7 @@ impl Link {
             pubs: (0..ranks).map(|r| StatsPub::connect(&ctx, &eps.stats, r, boot)).collect::<Result<_, _>>()?,
             dead: vec![false; ranks as usize],
             sync,
+            ttft: true,
             dirty: false,
             last_beat: Instant::now(),
             sync_timeouts: 0,
@@ -69,13 +72,21 @@ impl Link {
         })
     }
 
+    /// Whether engines report `ttft_ms` (default on). dpcoord turns it into a
+    /// penalty on its wall-clock tick, so with it a load-aware run need not
+    /// repeat exactly.
+    pub fn with_ttft(mut self, on: bool) -> Link {
+        self.ttft = on;
+        self
+    }
+
     /// Publishes until dpcoord shows every rank `up` (PUB drops what is sent
     /// before the subscription is wired).
     pub fn bring_up(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
-        let Link { observer, pubs, .. } = self;
+        let Link { observer, pubs, ttft, .. } = self;
         observer.wait_all_up(BRING_UP, || {
             for (p, e) in pubs.iter_mut().zip(engines) {
-                p.publish(e.counts(), e.tokens(), e.ttft_ms())?;
+                p.publish(e.counts(), e.tokens(), e.ttft_ms().filter(|_| *ttft))?;
             }
             Ok(())
         })?;
@@ -112,7 +123,7 @@ impl Link {
             return Ok(());
         }
         self.dirty = true;
-        self.pubs[r].publish(e.counts(), e.tokens(), e.ttft_ms())
+        self.pubs[r].publish(e.counts(), e.tokens(), e.ttft_ms().filter(|_| self.ttft))
     }
 
     /// A dead rank publishes nothing more.

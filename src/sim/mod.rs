@@ -116,6 +116,10 @@ pub struct SimArgs {
     /// Wait for dpcoord to see the latest stats before each placement (reproducible runs).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
     pub sync: bool,
+    /// Engines report `ttft_ms`, which dpcoord turns into a penalty on its wall-clock tick;
+    /// realistic, but then load-aware runs do not repeat exactly.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = ArgAction::Set)]
+    pub ttft: bool,
     /// Policies to compare (repeatable); default every `routing.policy` this build accepts.
     /// health-matrix uses the first (default round_robin).
     #[arg(long = "policy", value_name = "NAME")]

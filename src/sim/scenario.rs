@@ -17,6 +17,10 @@ use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Probe};
 use super::{report, svg, Scenario, SimArgs, SimError};
 
+/// dpcoord's `engines.down_after_ms` in the policy scenarios: wall time, so
+/// `speed` times as long in virtual time.
+const DOWN_AFTER_MS: u64 = 600;
+
 /// One scenario's report and chart.
 pub struct Outcome {
     pub name: &'static str,
@@ -79,11 +83,11 @@ fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
 }
 
 /// Runs one arm on a fresh daemon.
-fn run_arm(spec: &ArmSpec, settings: &DaemonSettings) -> Result<ArmResult, SimError> {
+fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmResult, SimError> {
     let started = Instant::now();
     let local = Local::start(settings, "sim")?;
     let via = spec.probe.map_or(ProbeVia::Health, |p| p.via);
-    let mut link = Link::open(&local.eps, spec.frontends, via, spec.ranks, spec.sync)?;
+    let mut link = Link::open(&local.eps, spec.frontends, via, spec.ranks, spec.sync)?.with_ttft(ttft);
     let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
     let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
     drop(link);
@@ -106,7 +110,7 @@ fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
     ];
     let mut results = Vec::new();
     for (name, probe) in arms {
-        results.push(run_arm(&ArmSpec { probe, ..base(a, name, true) }, &settings)?);
+        results.push(run_arm(&ArmSpec { probe, ..base(a, name, true) }, &settings, a.ttft)?);
     }
     let title = "health-matrix: health probes off / on the health channel / mixed into the user route socket";
     let setup = describe(a, &base(a, "", true));
@@ -124,12 +128,12 @@ fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Resul
     for policy in &policies {
         let settings = DaemonSettings {
             stale_after_ms: 200,
-            down_after_ms: 600,
+            down_after_ms: DOWN_AFTER_MS,
             tick_ms: 20,
             pending_ttl_ms: 1000,
             ..DaemonSettings::defaults(a.ranks, policy)
         };
-        results.push(run_arm(&spec, &settings)?);
+        results.push(run_arm(&spec, &settings, a.ttft)?);
     }
     let setup = describe(a, &spec);
     let mut text = format!("{name}: {title}\n{setup}\n\n{}\n{}", report::table(&results), report::probes(&results));
@@ -158,7 +162,15 @@ fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let rank = 3 % a.ranks;
     let at = nominal_us(a) * 3 / 10;
     let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank", true) };
-    let title = format!("rank {rank} dies at {:.1} s; its requests are retried", at as f64 / 1e6);
+    let seen = match a.speed {
+        x if x > 0.0 => format!("{:.1} s later", DOWN_AFTER_MS as f64 / 1000.0 * x),
+        _ => "maybe never in an unpaced run".to_owned(),
+    };
+    let title = format!(
+        "rank {rank} dies at {:.1} s and its requests are retried; dpcoord sees it down \
+         (down_after_ms {DOWN_AFTER_MS} of wall time) {seen}",
+        at as f64 / 1e6
+    );
     compare(a, "dead-rank", &title, spec)
 }
 
