@@ -22,6 +22,13 @@ const BATCH: usize = 256;
 const MAX_WAIT: Duration = Duration::from_millis(50);
 /// How long close waits to flush replies already queued.
 const LINGER: Duration = Duration::from_millis(1000);
+/// High-water marks, in messages. Stats may be dropped when dpcoord falls
+/// this far behind (libzmq drops at the publisher's pipe; the gap shows in
+/// `dpcoord_stats_missed_total`); a burst from every engine fits easily.
+const STATS_HWM: i32 = 10_000;
+/// Per peer, each way. A REQ peer has one reply outstanding, so its replies
+/// are never dropped; only a DEALER with this many unread replies loses more.
+const QUERY_HWM: i32 = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -78,6 +85,8 @@ fn router(
     let backstop = (cfg.limits.max_message_bytes as i64).saturating_mul(16);
     s.set_maxmsgsize(backstop).map_err(sock_err(name))?;
     s.set_linger(LINGER.as_millis() as i32).map_err(sock_err(name))?;
+    s.set_rcvhwm(QUERY_HWM).map_err(sock_err(name))?;
+    s.set_sndhwm(QUERY_HWM).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     s.bind(endpoint).map_err(|source| TransportError::Endpoint {
         what: "bind",
@@ -118,6 +127,7 @@ impl Sockets {
         stats.set_maxmsgsize(cfg.limits.max_message_bytes as i64).map_err(sock_err("stats"))?;
         stats.set_subscribe(b"").map_err(sock_err("stats"))?;
         stats.set_linger(0).map_err(sock_err("stats"))?;
+        stats.set_rcvhwm(STATS_HWM).map_err(sock_err("stats"))?;
         stats.set_ipv6(true).map_err(sock_err("stats"))?;
         if let Some(ep) = &cfg.server.stats_bind {
             stats.bind(ep).map_err(|source| TransportError::Endpoint {
