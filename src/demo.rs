@@ -163,7 +163,7 @@ async fn watch(
 
 fn run(args: &DemoArgs) -> Result<(), SimError> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let listener = metrics_listener().map_err(|e| SimError::Usage(e.to_string()))?;
+    let listener = metrics_listener()?;
     let addr = listener.local_addr()?;
     let settings = DaemonSettings { metrics_bind: addr.to_string(), ..DaemonSettings::defaults(RANKS, "round_robin") };
     let local = Local::start(&settings, "demo")?;

@@ -96,7 +96,6 @@ impl DaemonSettings {
 pub struct Local {
     daemon: Option<Daemon>,
     pub eps: Endpoints,
-    pub config: Config,
     /// The engine table as of the daemon's last tick.
     pub published: Arc<Published>,
     pub registry: prometheus::Registry,
@@ -113,7 +112,7 @@ impl Local {
         let config = settings.config(&eps)?;
         let daemon = Daemon::start(&config)?;
         let (published, registry) = (Arc::clone(&daemon.published), daemon.registry.clone());
-        Ok(Local { daemon: Some(daemon), eps, config, published, registry, _dir: dir })
+        Ok(Local { daemon: Some(daemon), eps, published, registry, _dir: dir })
     }
 
     /// Stops the daemon (it answers what is queued first).

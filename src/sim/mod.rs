@@ -48,6 +48,8 @@ pub enum SimError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
+    Http(#[from] crate::http::BindError),
+    #[error("{0}")]
     Usage(String),
 }
 

@@ -237,7 +237,8 @@ impl World<'_> {
                     self.at(self.now + RETRY_AFTER, Event::Retry(id));
                 }
             }
-            Answer::Refused(_) => {
+            Answer::Refused(code) => {
+                tracing::debug!(request = id, code = %code, "placement refused; retrying");
                 self.rec.refusals += 1;
                 self.at(self.now + RETRY_AFTER, Event::Retry(id));
             }
