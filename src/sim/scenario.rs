@@ -92,7 +92,7 @@ fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmR
     let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
     drop(link);
     local.stop()?;
-    eprintln!("  {} ({}): {} s", spec.name, settings.policy, started.elapsed().as_secs_f32());
+    eprintln!("  ran {} ({}) in {:.1} s", spec.name, settings.policy, started.elapsed().as_secs_f32());
     Ok(result)
 }
 
