@@ -15,7 +15,9 @@ import msgpack
 from .errors import (
     BadRequestError,
     InvalidRankError,
+    NoEngineAvailableError,
     ProtocolError,
+    RankUnavailableError,
     TooLargeError,
     UnreachableError,
     error_from_reply,
@@ -46,13 +48,15 @@ def decode(raw: bytes, sent_id: Any = None) -> dict[str, Any]:
         raise ProtocolError(message=f"reply is not a map: {reply!r}")
     if reply.get("v") != VERSION:
         raise ProtocolError(message=f"reply has version {reply.get('v')!r}, expected {VERSION}")
-    if sent_id is not None and reply.get("id") != sent_id:
-        raise ProtocolError(message=f"reply id {reply.get('id')!r} does not echo the query id {sent_id!r}")
     ok = reply.get("ok")
     if ok is False:
+        # A refusal carries the id only when dpcoord could read it (not for an
+        # undecodable or oversized query, or an id of the wrong type).
         raise error_from_reply(reply)
     if ok is not True:
         raise ProtocolError(message=f"reply has no boolean `ok`: {reply!r}")
+    if sent_id is not None and reply.get("id") != sent_id:
+        raise ProtocolError(message=f"reply id {reply.get('id')!r} does not echo the query id {sent_id!r}")
     return reply
 
 
@@ -101,8 +105,6 @@ def uninformed(state: dict[str, Any], err: Exception, rank: Any, bootstrap_room:
     """Whether a ``no_engine_available`` / ``rank_unavailable`` refusal only means
     that dpcoord has not heard from the engines yet (it just started): every rank,
     or the pinned one, is still ``unknown`` in its ``state``."""
-    from .errors import NoEngineAvailableError, RankUnavailableError
-
     entries = state.get("ranks")
     if not isinstance(entries, list) or not entries:
         return False

@@ -168,9 +168,6 @@ class AsyncRouterClient:
     async def _acquire(self) -> bool:
         if self._lock is None:
             self._lock = asyncio.Lock()
-        if not self._lock.locked():
-            await self._lock.acquire()
-            return True
         try:
             await asyncio.wait_for(self._lock.acquire(), self.timeout_ms / 1000)
             return True
@@ -196,13 +193,18 @@ class AsyncRouterClient:
             raw = await self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
             if raw is None:
                 self._mark_down(ep)
+                self._why = f"{ep.address} stopped answering"
                 return True
             try:
                 state = _core.decode(raw)
             except DpcoordError:
                 return False
             self._local.observe_state(state, ep.address)
-            return _core.uninformed(state, err, rank, bootstrap_room)
+            if not _core.uninformed(state, err, rank, bootstrap_room):
+                return False
+            heard = "any engine" if isinstance(err, NoEngineAvailableError) else "that rank"
+            self._why = f"{ep.address} has not heard from {heard} yet"
+            return True
 
         return skip
 
@@ -309,7 +311,6 @@ class AsyncRouterClient:
                 reply = _core.decode(raw, query.get("id"))
             except DpcoordError as e:
                 if skip is not None and await skip(ep, e):
-                    self._why = f"{ep.address} has not heard from any engine yet"
                     continue
                 raise
             self.last_endpoint = ep.address

@@ -223,13 +223,18 @@ class RouterClient:
             raw = self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
             if raw is None:
                 self._mark_down(ep)
+                self._why = f"{ep.address} stopped answering"
                 return True
             try:
                 state = _core.decode(raw)
             except DpcoordError:
                 return False
             self._local.observe_state(state, ep.address)
-            return _core.uninformed(state, err, rank, bootstrap_room)
+            if not _core.uninformed(state, err, rank, bootstrap_room):
+                return False
+            heard = "any engine" if isinstance(err, NoEngineAvailableError) else "that rank"
+            self._why = f"{ep.address} has not heard from {heard} yet"
+            return True
 
         return skip
 
@@ -339,7 +344,6 @@ class RouterClient:
                 reply = _core.decode(raw, query.get("id"))
             except DpcoordError as e:
                 if skip is not None and skip(ep, e):
-                    self._why = f"{ep.address} has not heard from any engine yet"
                     continue
                 raise
             self.last_endpoint = ep.address

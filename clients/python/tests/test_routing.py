@@ -102,10 +102,16 @@ def test_typed_errors_carry_the_contract_code(start_daemon, engines, client_for)
         assert (type(e.value), e.value.code) == (cls, code)
         assert e.value.message, f"{code} without a message"
         assert dpcoord.ERRORS[code] is cls
-    # The id is echoed on refusals too.
+    # The id is echoed on refusals too, when dpcoord could read it.
     with pytest.raises(BadRequestError) as e:
         c.route(n=0, id=41)
     assert e.value.id == 41
+    with pytest.raises(BadRequestError) as e:
+        c.route(id=3.5)  # an id must be a string or an integer
+    assert e.value.id is None
+    with pytest.raises(TooLargeError) as e:
+        c.route(session="s" * 70_000, id="big")  # above max_message_bytes
+    assert e.value.message
     # A refusal is an answer: nothing was routed locally, and nothing was half-applied.
     assert c.fallbacks == 0 and c.health_fallbacks == 0
     assert c.route(n=2) == [0, 0]
