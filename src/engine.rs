@@ -129,8 +129,11 @@ pub struct EngineTable {
     ttfts: Vec<f64>,
 }
 
+/// The boot/seq rules. A lower `boot` is a stale incarnation, except for a
+/// rank that is `down`: its last incarnation is gone, so whatever publishes
+/// now is the live engine (one whose clock stepped back across a restart).
 fn check_order(e: &EngineState, u: &StatsUpdate) -> Result<(), StatsReject> {
-    if e.status == Status::Unknown || u.boot > e.boot {
+    if e.status == Status::Unknown || u.boot > e.boot || (u.boot < e.boot && e.status == Status::Down) {
         return Ok(());
     }
     if u.boot < e.boot {
@@ -223,7 +226,7 @@ impl EngineTable {
         let live = &self.liveness;
         let e = &mut self.engines[rank];
         check_order(e, u)?;
-        let restarted = e.status != Status::Unknown && u.boot > e.boot;
+        let restarted = e.status != Status::Unknown && u.boot != e.boot;
         let same_boot = e.status != Status::Unknown && u.boot == e.boot;
         let missed = if same_boot { u.seq - e.seq - 1 } else { 0 };
         if restarted {

@@ -105,6 +105,23 @@ fn ranks_going_down_on_one_tick_bump_the_epoch_once() {
 }
 
 #[test]
+fn a_down_rank_accepts_a_lower_boot_as_a_restart() {
+    let mut t = table(1);
+    let t0 = Instant::now();
+    t.apply(&upd(0, 500, 7, [0, 0, 9, 9, 0]), t0).unwrap();
+    // While up, a lower boot is a stale incarnation.
+    assert!(matches!(t.apply(&upd(0, 400, 1, [0; 5]), t0), Err(StatsReject::Stale(_))));
+    t.tick(ms(t0, 3000));
+    assert_eq!(t.get(0).status, Status::Down);
+    // Down: the engine came back with a clock that stepped back.
+    let a = t.apply(&upd(0, 400, 1, [0, 0, 1, 0, 0]), ms(t0, 3100)).unwrap();
+    assert!(a.restarted);
+    t.apply(&upd(0, 400, 2, [0, 0, 1, 0, 0]), ms(t0, 3200)).unwrap();
+    let e = t.get(0);
+    assert_eq!((e.status, e.boot, e.counts, e.finished_before), (Status::Up, 400, [0, 0, 1, 0, 0], 9));
+}
+
+#[test]
 fn stale_rank_is_up_again_on_its_next_update() {
     let mut t = table(1);
     let t0 = Instant::now();
