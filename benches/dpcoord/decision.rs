@@ -1,0 +1,244 @@
+//! Decision: the cost of one placement, in process.
+//!
+//! `UserDispatcher::route` with `n = 1` for 8, 64, 256 and 1024 ranks (all
+//! up, uneven loads) per policy; and the whole query path at 8 ranks
+//! (`Coordinator::on_query`: decode, decide, account, encode, metrics) with
+//! its decode and encode steps alone. Timed in chunks with `Instant`; the
+//! median chunk is reported, which shrugs off preemption on a busy machine.
+//! Between chunks (untimed) every rank acknowledges its placements and the
+//! dispatcher ticks now and then, so ledgers stay bounded as in a daemon.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use dpcoord::config::{Config, PolicyKind};
+use dpcoord::coordinator::Coordinator;
+use dpcoord::engine::EngineTable;
+use dpcoord::metrics::Metrics;
+use dpcoord::user::UserDispatcher;
+use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, StatsUpdate, Target};
+
+use crate::report::{num, Report, Table};
+use crate::support::{route_query, stats_update};
+use crate::Mode;
+
+pub const SIZES: [u32; 4] = [8, 64, 256, 1024];
+const PROMPT_TOKENS: u64 = 512;
+
+/// A config with `dp` ranks that stay up for the whole bench.
+pub fn config(dp: u32, policy: PolicyKind) -> Config {
+    let mut c = Config::default();
+    c.engines.dp_size = dp;
+    c.engines.stale_after = Duration::from_secs(600);
+    c.engines.down_after = Duration::from_secs(1200);
+    c.routing.policy = policy;
+    c
+}
+
+/// An uneven but steady load: what rank `r` reports besides `received`.
+pub fn counts(rank: u32, received: u64) -> [u64; 5] {
+    [u64::from(rank % 3), u64::from(rank % 5 + 1), received, 0, 0]
+}
+
+/// Chunk size and time budget per measurement.
+#[derive(Clone, Copy)]
+pub struct Budget {
+    pub chunk: usize,
+    pub time: Duration,
+}
+
+impl Budget {
+    pub fn of(mode: Mode) -> Budget {
+        match mode {
+            Mode::Full => Budget { chunk: 1024, time: Duration::from_millis(250) },
+            Mode::Smoke => Budget { chunk: 64, time: Duration::from_millis(1) },
+        }
+    }
+
+    /// Median nanoseconds per call of `work` (which makes `chunk` calls on
+    /// `state`), running `between` untimed after every chunk (with the
+    /// chunk's number); at least 3 chunks.
+    pub fn median_ns<S>(
+        self,
+        state: &mut S,
+        mut work: impl FnMut(&mut S, usize),
+        mut between: impl FnMut(&mut S, usize),
+    ) -> f64 {
+        let mut per_call = Vec::new();
+        let started = Instant::now();
+        while per_call.len() < 3 || started.elapsed() < self.time {
+            let t = Instant::now();
+            work(state, self.chunk);
+            per_call.push(t.elapsed().as_nanos() as f64 / self.chunk as f64);
+            between(state, per_call.len());
+        }
+        per_call.sort_by(f64::total_cmp);
+        per_call[per_call.len() / 2]
+    }
+}
+
+/// An engine table with every rank up and the user dispatcher over it.
+struct Fleet {
+    engines: EngineTable,
+    user: UserDispatcher,
+    seq: u64,
+}
+
+impl Fleet {
+    fn new(cfg: &Config, now: Instant) -> Fleet {
+        let mut f = Fleet { engines: EngineTable::new(cfg), user: UserDispatcher::new(cfg, now), seq: 0 };
+        f.report(now);
+        f
+    }
+
+    /// Every rank reports, acknowledging all placements so far.
+    fn report(&mut self, now: Instant) {
+        self.seq += 1;
+        for rank in 0..self.engines.dp_size() {
+            let counts = counts(rank, self.user.routed(rank));
+            let [waiting, running, ..] = counts;
+            let u = StatsUpdate {
+                rank: rank.into(),
+                boot: 1,
+                seq: self.seq,
+                counts,
+                tokens: Some([waiting * PROMPT_TOKENS, running * PROMPT_TOKENS]),
+                kv_usage: None,
+                ttft_ms: None,
+                tpot_ms: None,
+            };
+            let accepted = self.engines.apply(&u, now).expect("a valid update");
+            self.user.on_report(&accepted, &self.engines);
+        }
+    }
+}
+
+/// Median ns of one `UserDispatcher::route` placement.
+fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
+    let cfg = config(dp, policy);
+    let req = RouteRequest { n: 1, prompt_tokens: Some(PROMPT_TOKENS), target: Target::Policy, session: None };
+    let mut out = Vec::with_capacity(1);
+    budget.median_ns(
+        &mut Fleet::new(&cfg, Instant::now()),
+        |f, chunk| {
+            let now = Instant::now();
+            for _ in 0..chunk {
+                f.user.route(black_box(&req), &f.engines, now, &mut out).expect("a rank is up");
+                black_box(&out);
+            }
+        },
+        |f, i| {
+            let now = Instant::now();
+            f.report(now);
+            if i % 16 == 0 {
+                f.user.tick(now, &f.engines);
+            }
+        },
+    )
+}
+
+/// Every rank acknowledges what the coordinator placed on it; ticks when due.
+fn acknowledge(c: &mut Coordinator, seq: u64, buf: &mut Vec<u8>) {
+    let now = Instant::now();
+    for r in c.state_view(now).ranks {
+        stats_update(buf, r.rank, seq, counts(r.rank, r.routed));
+        c.on_stats(buf, now);
+    }
+    if now >= c.next_tick() {
+        c.tick(now);
+    }
+}
+
+/// Median ns of one route query through `Coordinator::on_query` at `dp` ranks.
+fn query_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
+    let cfg = config(dp, policy);
+    let mut coord = Coordinator::new(&cfg, Metrics::new(dp), Instant::now());
+    let mut buf = Vec::new();
+    acknowledge(&mut coord, 1, &mut buf);
+    let query = route_query();
+    let mut out = Vec::with_capacity(256);
+    coord.on_query(Channel::Route, &query, Instant::now(), &mut out);
+    let reply: serde_json::Value = rmp_serde::from_slice(&out).expect("a MessagePack reply");
+    assert_eq!(reply["ok"], serde_json::Value::Bool(true), "on_query answered {reply}");
+    budget.median_ns(
+        &mut coord,
+        |c, chunk| {
+            for _ in 0..chunk {
+                c.on_query(Channel::Route, black_box(&query), Instant::now(), &mut out);
+                black_box(&out);
+            }
+        },
+        |c, i| acknowledge(c, i as u64 + 1, &mut buf),
+    )
+}
+
+/// Median ns of decoding the route query, and of encoding its answer.
+fn wire_ns(budget: Budget) -> (f64, f64) {
+    let query = route_query();
+    let limits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
+    let decode = budget.median_ns(
+        &mut (),
+        |_, chunk| {
+            for _ in 0..chunk {
+                black_box(wire::decode_query(black_box(&query), Channel::Route, &limits).is_ok());
+            }
+        },
+        |_, _| {},
+    );
+    let mut out = Vec::with_capacity(256);
+    let encode = budget.median_ns(
+        &mut (),
+        |_, chunk| {
+            for r in 0..chunk as u32 {
+                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1);
+                black_box(&out);
+            }
+        },
+        |_, _| {},
+    );
+    (decode, encode)
+}
+
+pub fn run(mode: Mode, report: &mut Report) {
+    let budget = Budget::of(mode);
+    let mut header = vec!["policy".to_string()];
+    header.extend(SIZES.iter().map(|dp| format!("{dp} ranks")));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = Table::new("decision: one placement, UserDispatcher::route n=1, median ns", &header);
+    let mut worst = [(0.0_f64, ""); SIZES.len()];
+    for policy in PolicyKind::ALL {
+        let mut row = vec![policy.as_str().to_string()];
+        for (i, &dp) in SIZES.iter().enumerate() {
+            let ns = placement_ns(budget, dp, policy);
+            if ns > worst[i].0 {
+                worst[i] = (ns, policy.as_str());
+            }
+            row.push(num(ns, 0));
+        }
+        t.row(row);
+    }
+    t.print();
+
+    let mut q = Table::new("decision: whole query path at 8 ranks, median ns per query", &["step", "ns"]);
+    for policy in PolicyKind::ALL {
+        q.row(vec![format!("Coordinator::on_query, {}", policy.as_str()), num(query_ns(budget, 8, policy), 0)]);
+    }
+    let (decode, encode) = wire_ns(budget);
+    q.row(vec!["  of which: wire::decode_query".into(), num(decode, 0)]);
+    q.row(vec!["  of which: wire::encode_ranks".into(), num(encode, 0)]);
+    q.print();
+
+    let (at8, at1024) = (worst[0], worst[SIZES.len() - 1]);
+    report.target(
+        "decision: placement at 8 ranks (worst policy)",
+        "<= 150 ns",
+        format!("{:.0} ns ({})", at8.0, at8.1),
+        at8.0 <= 150.0,
+    );
+    report.target(
+        "decision: placement at 1024 ranks (worst policy)",
+        "<= 2000 ns",
+        format!("{:.0} ns ({})", at1024.0, at1024.1),
+        at1024.0 <= 2000.0,
+    );
+}
