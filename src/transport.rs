@@ -72,6 +72,14 @@ fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
     move |source| TransportError::Socket { socket, source }
 }
 
+/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`), far above `max_message_bytes`,
+/// which dpcoord enforces itself: a frame over it is a protocol error that
+/// closes the link without a reply, and libzmq never reconnects a link it
+/// closed for that (a connecting socket's session just ends).
+fn backstop(cfg: &Config) -> i64 {
+    (cfg.limits.max_message_bytes as i64).saturating_mul(16)
+}
+
 fn router(
     ctx: &zmq::Context,
     name: &'static str,
@@ -82,8 +90,7 @@ fn router(
     let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
     guard(&s, name, allow)?;
     // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
-    let backstop = (cfg.limits.max_message_bytes as i64).saturating_mul(16);
-    s.set_maxmsgsize(backstop).map_err(sock_err(name))?;
+    s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
     s.set_linger(LINGER.as_millis() as i32).map_err(sock_err(name))?;
     s.set_rcvhwm(QUERY_HWM).map_err(sock_err(name))?;
     s.set_sndhwm(QUERY_HWM).map_err(sock_err(name))?;
@@ -124,7 +131,10 @@ impl Sockets {
         };
         let stats = ctx.socket(zmq::SUB).map_err(sock_err("stats"))?;
         guard(&stats, "stats", &srv.stats_allow)?;
-        stats.set_maxmsgsize(cfg.limits.max_message_bytes as i64).map_err(sock_err("stats"))?;
+        // The coordinator drops (and counts) an update above max_message_bytes
+        // and the link stays up; at libzmq's limit a `stats_connect` engine
+        // would be cut off until dpcoord restarts.
+        stats.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
         stats.set_subscribe(b"").map_err(sock_err("stats"))?;
         stats.set_linger(0).map_err(sock_err("stats"))?;
         stats.set_rcvhwm(STATS_HWM).map_err(sock_err("stats"))?;
