@@ -22,6 +22,14 @@ const BATCH: usize = 256;
 const MAX_WAIT: Duration = Duration::from_millis(50);
 /// How long close waits to flush replies already queued.
 const LINGER: Duration = Duration::from_millis(1000);
+/// On stop, queries are answered until the query sockets have been quiet
+/// this long: a query a peer sent just before may still be on its way (in
+/// the peer's or the kernel's buffers), and once closed a REQ peer would
+/// wait forever for its reply.
+const STOP_QUIET: Duration = Duration::from_millis(100);
+/// The longest that answering goes on after a stop, so peers that never
+/// pause cannot hold shutdown open; with LINGER, under the 2 s promise.
+const STOP_BUDGET: Duration = Duration::from_millis(500);
 /// High-water marks, in messages. Stats may be dropped when dpcoord falls
 /// this far behind (libzmq drops at the publisher's pipe; the gap shows in
 /// `dpcoord_stats_missed_total`); a burst from every engine fits easily.
@@ -324,7 +332,7 @@ fn drain_zap(
     Ok(true)
 }
 
-/// Serves until `stop` is set, then answers the queries already queued.
+/// Serves until `stop` is set, then answers the queries still arriving.
 ///
 /// The wait polls each socket's `ZMQ_FD`, not the socket: `zmq_poll` on
 /// sockets asks every socket for `ZMQ_EVENTS` before and after waiting, and
@@ -372,8 +380,25 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Re
             unfinished[2] = drain_queries(health, Channel::Health, &mut frames, coord, BATCH)?;
         }
     }
-    // Answer what is already queued, then close (linger flushes the replies).
-    drain_queries(route, Channel::Route, &mut frames, coord, usize::MAX)?;
-    drain_queries(health, Channel::Health, &mut frames, coord, usize::MAX)?;
-    Ok(())
+    // Answer what is queued and what is still on its way (sent before the
+    // stop, not arrived yet): serve until both query sockets have been quiet
+    // for STOP_QUIET, or for STOP_BUDGET at most; then close (linger flushes).
+    let stopping = Instant::now();
+    let mut quiet_since = stopping;
+    let mut items = [route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
+    loop {
+        for (s, ch) in [(route, Channel::Route), (health, Channel::Health)] {
+            while serve_one(s, ch, &mut frames, coord).map_err(sock_err(ch.as_str()))? {
+                quiet_since = Instant::now();
+            }
+        }
+        let left = (quiet_since + STOP_QUIET).min(stopping + STOP_BUDGET).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        match zmq::poll(&mut items, left.as_millis() as i64 + 1) {
+            Ok(_) | Err(zmq::Error::EINTR) => {}
+            Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
+        }
+    }
 }
