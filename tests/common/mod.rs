@@ -31,6 +31,10 @@ pub fn free_port() -> u16 {
 
 pub struct Daemon {
     child: Option<Child>,
+    /// The flags after the endpoints, kept for [`Daemon::restart`].
+    args: Vec<String>,
+    /// Readiness is checked on the health socket (the route socket was moved).
+    ready_on_health: bool,
     pub dir: tempfile::TempDir,
     pub route: String,
     pub health: String,
@@ -55,19 +59,50 @@ impl Daemon {
         let (health, stats) = (ep("health"), ep("stats"));
         let route = route.map_or_else(|| ep("route"), str::to_owned);
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut d = Daemon {
+            child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            ready_on_health: custom_route,
+            dir,
+            route,
+            health,
+            stats,
+            metrics,
+            ctx: zmq::Context::new(),
+        };
+        d.spawn();
+        d
+    }
+
+    /// Starts the binary on this daemon's endpoints and waits until it answers `ping`.
+    fn spawn(&mut self) {
         let child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-            .args(["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats])
-            .args(["--metrics-bind", &metrics.to_string()])
-            .args(args)
+            .args(["--route-bind", &self.route, "--health-bind", &self.health, "--stats-bind", &self.stats])
+            .args(["--metrics-bind", &self.metrics.to_string()])
+            .args(&self.args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn dpcoord");
-        let d = Daemon { child: Some(child), dir, route, health, stats, metrics, ctx: zmq::Context::new() };
-        let c = if custom_route { d.health_client() } else { d.client() };
+        self.child = Some(child);
+        let c = if self.ready_on_health { self.health_client() } else { self.client() };
         assert_eq!(c.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
-        d
+    }
+
+    /// Stops the process with `signal` ("TERM", "KILL", ...) and starts a
+    /// new one with the same flags on the same endpoints (a fresh metrics
+    /// port); returns the old process's exit status.
+    pub fn restart(&mut self, signal: &str) -> ExitStatus {
+        let status = self.signal_and_wait(signal);
+        self.metrics = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        self.spawn();
+        status
+    }
+
+    /// The running process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running dpcoord").id()
     }
 
     pub fn client(&self) -> Client {
@@ -129,6 +164,10 @@ impl Daemon {
 
     /// Sends `signal` (as `kill` names it: "TERM", "INT") and waits for the exit status.
     pub fn stop_with(mut self, signal: &str) -> ExitStatus {
+        self.signal_and_wait(signal)
+    }
+
+    fn signal_and_wait(&mut self, signal: &str) -> ExitStatus {
         let mut child = self.child.take().unwrap();
         let _ = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
         let start = Instant::now();
@@ -139,6 +178,14 @@ impl Daemon {
             assert!(start.elapsed() < DEADLINE, "dpcoord did not exit after SIG{signal}");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The value of one series as `/metrics` prints it, e.g.
+    /// `dpcoord_route_errors_total{code="bad_request"}`; `None` if absent.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (status, body) = self.http_get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// `(routed, pending)` of every rank, from `state`.
