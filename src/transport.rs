@@ -362,11 +362,17 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Re
             true => 0,
             false => coord.next_tick().saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
         };
-        match zmq::poll(&mut items, wait) {
-            Ok(_) | Err(zmq::Error::EINTR) => {}
+        let signalled = match zmq::poll(&mut items, wait) {
+            Ok(n) => n > 0,
+            Err(zmq::Error::EINTR) => true,
             Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
-        }
-        let ready: [bool; 4] = std::array::from_fn(|i| unfinished[i] || items.get(i).is_some_and(|p| p.is_readable()));
+        };
+        // A wait that timed out reads every socket anyway: should an edge of
+        // a ZMQ_FD ever be missed, the socket stalls for one wait, not forever.
+        let timed_out = wait > 0 && !signalled;
+        let ready: [bool; 4] = std::array::from_fn(|i| {
+            unfinished[i] || timed_out && i < items.len() || items.get(i).is_some_and(|p| p.is_readable())
+        });
         if let (true, Some((z, access))) = (ready[3], zap) {
             unfinished[3] = drain_zap(z, access, coord.metrics(), &mut zap_log).map_err(sock_err("zap"))?;
         }
