@@ -73,6 +73,13 @@ impl Step {
 }
 
 impl Engines {
+    /// Rank `rank`'s next update.
+    fn send(&mut self, rank: usize) {
+        self.seq[rank] += 1;
+        stats_update(&mut self.buf, rank as u32, self.seq[rank], [1, 2, 0, 0, 0]);
+        self.pubs[rank].send(&self.buf[..], zmq::DONTWAIT).expect("publish");
+    }
+
     /// Publishes round-robin over ranks for `dur`; returns (sent, seconds).
     fn publish(&mut self, rate: Rate, dur: Duration) -> (u64, f64) {
         let start = Instant::now();
@@ -92,10 +99,7 @@ impl Engines {
                 continue;
             }
             while sent < due {
-                let rank = (sent % u64::from(DP)) as usize;
-                self.seq[rank] += 1;
-                stats_update(&mut self.buf, rank as u32, self.seq[rank], [1, 2, 0, 0, 0]);
-                self.pubs[rank].send(&self.buf[..], zmq::DONTWAIT).expect("publish");
+                self.send((sent % u64::from(DP)) as usize);
                 sent += 1;
             }
         }
@@ -120,9 +124,16 @@ fn settled(d: &Daemon) -> Option<(u64, Option<u64>)> {
 fn step(d: &Daemon, e: &mut Engines, rate: Rate, dur: Duration) -> Option<Step> {
     let (ok0, gaps0) = settled(d)?;
     let (sent, secs) = e.publish(rate, dur);
+    // dpcoord sees updates lost at a rank's tail only in that rank's next
+    // one: once the step's traffic drained, every rank sends one more
+    // (left out of `absorbed`; if one were lost, the step would own it).
+    settled(d)?;
+    for rank in 0..DP as usize {
+        e.send(rank);
+    }
     let (ok1, gaps1) = settled(d)?;
     let gaps = gaps0.zip(gaps1).map(|(a, b)| b.saturating_sub(a));
-    Some(Step { sent, secs, absorbed: ok1.saturating_sub(ok0), gaps })
+    Some(Step { sent, secs, absorbed: ok1.saturating_sub(ok0).saturating_sub(DP.into()), gaps })
 }
 
 /// Route load alone, or with stats published at `rate` alongside it.
