@@ -215,7 +215,10 @@ pub fn run(mode: Mode, report: &mut Report) {
         Mode::Smoke => (&[20_000.0], Duration::from_millis(50)),
     };
     let d = Daemon::start(DP, &["--policy", "least_load"]);
-    let pubs: Vec<zmq::Socket> = (0..DP).map(|_| d.publisher()).collect();
+    // The engines get their own context (I/O thread), as separate processes
+    // would: sharing the routing clients' one made the generator drop updates.
+    let engines_ctx = zmq::Context::new();
+    let pubs: Vec<zmq::Socket> = (0..DP).map(|_| d.publisher(&engines_ctx)).collect();
     let next = d.bring_up(&pubs, DP);
     let mut e = Engines { pubs, seq: vec![next - 1; DP as usize], buf: Vec::new() };
     let Some((best, how)) = rate_steps(&d, &mut e, rates, dur) else {

@@ -25,7 +25,7 @@ const KIB_PER_MIB: f64 = 1024.0;
 /// route queries and `settle` of ticks.
 fn rss_kib(dp: u32, queries: usize, settle: Duration) -> (u64, u64) {
     let d = Daemon::start(dp, &["--policy", "least_load"]);
-    d.bring_up(&[d.publisher()], dp);
+    d.bring_up(&[d.publisher(&d.ctx)], dp);
     let client = req_socket(&d.ctx, &d.route);
     let query = route_query();
     for _ in 0..queries {

@@ -226,9 +226,9 @@ impl Daemon {
         &self.proc
     }
 
-    /// A PUB socket connected to the daemon's stats endpoint.
-    pub fn publisher(&self) -> zmq::Socket {
-        let p = self.ctx.socket(zmq::PUB).expect("PUB socket");
+    /// A PUB socket in `ctx` connected to the daemon's stats endpoint.
+    pub fn publisher(&self, ctx: &zmq::Context) -> zmq::Socket {
+        let p = ctx.socket(zmq::PUB).expect("PUB socket");
         p.set_linger(0).expect("linger");
         p.connect(&self.stats).expect("connect stats");
         p

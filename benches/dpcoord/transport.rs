@@ -110,7 +110,7 @@ fn start_echo(ctx: &zmq::Context, dir: &std::path::Path) -> Server {
 
 fn start_dpcoord() -> Server {
     let d = Daemon::start(DP, &["--policy", "round_robin"]);
-    d.bring_up(&[d.publisher()], DP);
+    d.bring_up(&[d.publisher(&d.ctx)], DP);
     Server { name: "dpcoord", endpoint: d.route.clone(), proc: None, daemon: Some(d) }
 }
 
