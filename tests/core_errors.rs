@@ -15,16 +15,7 @@ const UP: [u64; 3] = [0, 1, 2];
 
 /// Liveness and pending expiry far out, so only queries can change state.
 fn daemon() -> Daemon {
-    Daemon::start(&[
-        "--dp-size",
-        DP,
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ])
+    Daemon::frozen(DP, &[])
 }
 
 /// A MessagePack map from (key, value) pairs, in that order.

@@ -10,16 +10,7 @@ use serde_json::{json, Value};
 /// All of `ranks` up, with liveness and pending expiry far out.
 fn daemon_with_up(dp: u32, ranks: &[u32]) -> Daemon {
     let dp = dp.to_string();
-    let d = Daemon::start(&[
-        "--dp-size",
-        &dp,
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ]);
+    let d = Daemon::frozen(&dp, &[]);
     let p = d.publisher();
     d.bring_up(&p, ranks);
     d

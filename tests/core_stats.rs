@@ -16,16 +16,7 @@ use serde_json::{json, Value};
 
 /// Liveness and pending expiry far out, so only updates and queries change state.
 fn daemon(dp: &str) -> Daemon {
-    Daemon::start(&[
-        "--dp-size",
-        dp,
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ])
+    Daemon::frozen(dp, &[])
 }
 
 /// What an update may change: epoch, and per rank status, counts, boot, routed, pending.

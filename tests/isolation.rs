@@ -13,16 +13,7 @@ const USER_QUERIES: u32 = 160;
 /// A daemon over 8 ranks, all up with zero counts. Liveness and pending
 /// expiry are set far out so neither can move while a run is in progress.
 fn fresh_daemon() -> Daemon {
-    let d = Daemon::start(&[
-        "--dp-size",
-        "8",
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ]);
+    let d = Daemon::frozen("8", &[]);
     let p = d.publisher();
     d.bring_up(&p, &(0..DP).collect::<Vec<_>>());
     d

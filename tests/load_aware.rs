@@ -8,10 +8,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// Liveness and pending expiry far out, so frozen stats stay `up` and
-/// placements stay pending for the whole test.
-const FROZEN: [&str; 6] = ["--stale-after-ms", "600000", "--down-after-ms", "1200000", "--pending-ttl-ms", "3600000"];
-
 fn daemon(policy: &str, dp: u32, extra: &[&str]) -> Daemon {
     let dp = dp.to_string();
     let mut args = vec!["--policy", policy, "--dp-size", &dp, "--tick-ms", "20"];

@@ -29,6 +29,11 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Liveness and pending expiry far out, so frozen stats stay `up` and
+/// placements stay pending for a whole test: only queries change state.
+pub const FROZEN: [&str; 6] =
+    ["--stale-after-ms", "600000", "--down-after-ms", "1200000", "--pending-ttl-ms", "3600000"];
+
 pub struct Daemon {
     child: Option<Child>,
     /// The flags after the endpoints, kept for [`Daemon::restart`].
@@ -103,6 +108,14 @@ impl Daemon {
     /// The running process's id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("a running dpcoord").id()
+    }
+
+    /// A daemon over `dp` ranks with [`FROZEN`] liveness, plus `extra` flags.
+    pub fn frozen(dp: &str, extra: &[&str]) -> Daemon {
+        let mut args = vec!["--dp-size", dp];
+        args.extend_from_slice(&FROZEN);
+        args.extend_from_slice(extra);
+        Daemon::start(&args)
     }
 
     pub fn client(&self) -> Client {
