@@ -50,7 +50,15 @@ pub enum TransportError {
 
 pub struct Sockets {
     // Field order matters: sockets close before the context drops.
+    /// Engine stats from publishers that connect to `stats_bind`.
     stats: zmq::Socket,
+    /// Engine stats from the `stats_connect` endpoints dpcoord connects to
+    /// itself. A socket of their own: the peer allowlist guards who may
+    /// connect to the bind (on a shared socket libzmq would check these
+    /// outgoing links against it too, and refuse engines not listed), and no
+    /// libzmq size limit (a connecting socket never reconnects a link libzmq
+    /// closed over an oversized frame); the coordinator drops such updates.
+    links: zmq::Socket,
     route: zmq::Socket,
     health: zmq::Socket,
     /// The ZAP handler, present when some socket has a peer allowlist.
@@ -80,10 +88,10 @@ fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
     move |source| TransportError::Socket { socket, source }
 }
 
-/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`), far above `max_message_bytes`,
-/// which dpcoord enforces itself: a frame over it is a protocol error that
-/// closes the link without a reply, and libzmq never reconnects a link it
-/// closed for that (a connecting socket's session just ends).
+/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`) on the bound sockets, far
+/// above `max_message_bytes`, which dpcoord enforces itself: a frame over it
+/// is a protocol error that closes the peer's link without a reply (the peer
+/// reconnects by itself).
 fn backstop(cfg: &Config) -> i64 {
     (cfg.limits.max_message_bytes as i64).saturating_mul(16)
 }
@@ -137,16 +145,10 @@ impl Sockets {
             }
             false => None,
         };
-        let stats = ctx.socket(zmq::SUB).map_err(sock_err("stats"))?;
+        let stats = subscriber(&ctx)?;
         guard(&stats, "stats", &srv.stats_allow)?;
-        // The coordinator drops (and counts) an update above max_message_bytes
-        // and the link stays up; at libzmq's limit a `stats_connect` engine
-        // would be cut off until dpcoord restarts.
+        // The coordinator drops (and counts) an update above max_message_bytes.
         stats.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
-        stats.set_subscribe(b"").map_err(sock_err("stats"))?;
-        stats.set_linger(0).map_err(sock_err("stats"))?;
-        stats.set_rcvhwm(STATS_HWM).map_err(sock_err("stats"))?;
-        stats.set_ipv6(true).map_err(sock_err("stats"))?;
         if let Some(ep) = &cfg.server.stats_bind {
             stats.bind(ep).map_err(|source| TransportError::Endpoint {
                 what: "bind",
@@ -155,8 +157,9 @@ impl Sockets {
                 source,
             })?;
         }
+        let links = subscriber(&ctx)?;
         for ep in &cfg.server.stats_connect {
-            stats.connect(ep).map_err(|source| TransportError::Endpoint {
+            links.connect(ep).map_err(|source| TransportError::Endpoint {
                 what: "connect",
                 socket: "stats",
                 endpoint: ep.clone(),
@@ -165,8 +168,18 @@ impl Sockets {
         }
         let route = router(&ctx, "route", &srv.route_bind, &srv.route_allow, cfg)?;
         let health = router(&ctx, "health", &srv.health_bind, &srv.health_allow, cfg)?;
-        Ok(Sockets { stats, route, health, zap, _ctx: ctx })
+        Ok(Sockets { stats, links, route, health, zap, _ctx: ctx })
     }
+}
+
+/// A stats SUB socket subscribed to everything.
+fn subscriber(ctx: &zmq::Context) -> Result<zmq::Socket, TransportError> {
+    let s = ctx.socket(zmq::SUB).map_err(sock_err("stats"))?;
+    s.set_subscribe(b"").map_err(sock_err("stats"))?;
+    s.set_linger(0).map_err(sock_err("stats"))?;
+    s.set_rcvhwm(STATS_HWM).map_err(sock_err("stats"))?;
+    s.set_ipv6(true).map_err(sock_err("stats"))?;
+    Ok(s)
 }
 
 /// Reusable frames of one multipart request.
@@ -342,16 +355,16 @@ fn drain_zap(
 /// armed to signal the next message; a socket its batch limit stopped early
 /// is served again without waiting.
 pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Result<(), TransportError> {
-    let Sockets { stats, route, health, zap, _ctx } = &sockets;
+    let Sockets { stats, links, route, health, zap, _ctx } = &sockets;
     let mut frames = Frames::new();
     let mut stats_msg = zmq::Message::new();
-    let polled = [(stats, "stats"), (route, "route"), (health, "health")];
-    let mut items = Vec::with_capacity(4);
+    let polled = [(stats, "stats"), (route, "route"), (health, "health"), (links, "stats")];
+    let mut items = Vec::with_capacity(5);
     for (s, name) in polled.into_iter().chain(zap.as_ref().map(|(z, _)| (z, "zap"))) {
         items.push(zmq::PollItem::from_fd(s.get_fd().map_err(sock_err(name))?, zmq::POLLIN));
     }
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
-    let mut unfinished = [true, true, true, zap.is_some()];
+    let mut unfinished = [true, true, true, true, zap.is_some()];
     let mut zap_log = LogLimiter::<3>::default();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -370,14 +383,16 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Re
         // A wait that timed out reads every socket anyway: should an edge of
         // a ZMQ_FD ever be missed, the socket stalls for one wait, not forever.
         let timed_out = wait > 0 && !signalled;
-        let ready: [bool; 4] = std::array::from_fn(|i| {
+        let ready: [bool; 5] = std::array::from_fn(|i| {
             unfinished[i] || timed_out && i < items.len() || items.get(i).is_some_and(|p| p.is_readable())
         });
-        if let (true, Some((z, access))) = (ready[3], zap) {
-            unfinished[3] = drain_zap(z, access, coord.metrics(), &mut zap_log).map_err(sock_err("zap"))?;
+        if let (true, Some((z, access))) = (ready[4], zap) {
+            unfinished[4] = drain_zap(z, access, coord.metrics(), &mut zap_log).map_err(sock_err("zap"))?;
         }
-        if ready[0] {
-            unfinished[0] = drain_stats(stats, &mut stats_msg, coord).map_err(sock_err("stats"))?;
+        for (i, s) in [(0, stats), (3, links)] {
+            if ready[i] {
+                unfinished[i] = drain_stats(s, &mut stats_msg, coord).map_err(sock_err("stats"))?;
+            }
         }
         if ready[1] {
             unfinished[1] = drain_queries(route, Channel::Route, &mut frames, coord, BATCH)?;
