@@ -1,13 +1,14 @@
 //! Limits of the real binary: a configured `max_message_bytes` on every
 //! socket (the default limit and the error codes are in core_errors.rs and
-//! core_stats.rs), payloads beyond libzmq's backstop, bounded shutdown with
-//! queries in flight, rate-limited warnings under a flood of bad stats, and
-//! memory that stays flat under distinct session keys and churning peers.
+//! core_stats.rs), payloads beyond libzmq's backstop, links dpcoord opens to
+//! engines (size limits and allowlists must not cut them), bounded shutdown
+//! with queries in flight, rate-limited warnings under a flood of bad stats,
+//! and memory that stays flat under distinct session keys and churning peers.
 mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -52,6 +53,24 @@ fn limited(dir: &tempfile::TempDir, extra: &[&str]) -> Daemon {
     ];
     args.extend_from_slice(extra);
     Daemon::start(&args)
+}
+
+/// A dpcoord spawned without the harness, killed if the test ends early.
+struct Spawned(Child);
+
+impl Spawned {
+    /// SIGTERM, then the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        eventually("dpcoord exits", || self.0.try_wait().unwrap())
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn malformed(d: &Daemon) -> f64 {
@@ -148,14 +167,65 @@ fn an_oversized_update_from_an_engine_dpcoord_connects_to_is_dropped_and_the_lin
 
 #[test]
 fn an_update_beyond_the_backstop_from_an_engine_dpcoord_connects_to_does_not_cut_the_link() {
-    // Fails today: libzmq closes the link for a frame over ZMQ_MAXMSGSIZE as
-    // a protocol error and, on the connecting side, never reconnects it; the
-    // engine's rank goes down for good (until dpcoord restarts).
+    // libzmq closes a link over a frame above ZMQ_MAXMSGSIZE as a protocol
+    // error and, on the connecting side, never reconnects it: with a libzmq
+    // limit on these links the engine's rank would go down for good.
     let dir = tempfile::tempdir().unwrap();
     let (d, p, mut seq) = connected_engine(&dir);
     let big = [("v", M::from(1)), ("rank", 0.into()), ("boot", 1.into()), ("seq", (seq + 100).into())];
     p.send(padded(&big, 16 * LIMIT + 1), 0).unwrap();
     until_applied(&d, &p, &mut seq, 2);
+}
+
+#[test]
+fn a_stats_allowlist_guards_the_bind_and_not_the_engines_dpcoord_connects_to() {
+    // On one socket libzmq would check dpcoord's own outgoing links against
+    // the allowlist too, refusing every engine not listed (and retrying forever).
+    let dir = tempfile::tempdir().unwrap();
+    let (bind, engine) = (format!("tcp://127.0.0.1:{}", free_port()), format!("tcp://127.0.0.1:{}", free_port()));
+    let cfg = dir.path().join("allow.toml");
+    std::fs::write(&cfg, format!("[server]\nstats_bind = \"{bind}\"\nstats_allow = [\"127.0.0.2\"]\n")).unwrap();
+    let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .args(["--config", cfg.to_str().unwrap(), "--dp-size", "2", "--stats-connect", &engine])
+        .args(["--route-bind", &ep("route"), "--health-bind", &ep("health"), "--metrics-bind", &metrics.to_string()])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Spawned(child);
+    let ctx = zmq::Context::new();
+    let c = Client::connect(&ctx, &ep("route"));
+    let publisher = |connect: bool, ep: &str| {
+        let p = ctx.socket(zmq::PUB).unwrap();
+        p.set_linger(0).unwrap();
+        if connect { p.connect(ep) } else { p.bind(ep) }.unwrap();
+        p
+    };
+    // Rank 0's engine binds; dpcoord connects to it: not subject to the allowlist.
+    let linked = publisher(false, &engine);
+    let mut seq = 0;
+    eventually("rank 0 up through the link dpcoord opened", || {
+        seq += 1;
+        linked.send(rmp_serde::to_vec_named(&update(0, 1, seq, [0; 5])).unwrap(), 0).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        (c.call(json!({"v": 1, "op": "state"}))["ranks"][0]["status"] == "up").then_some(())
+    });
+    // Rank 1's publisher connects to the bind from 127.0.0.1, which is not listed: refused.
+    let refused = publisher(true, &bind);
+    let denied = || {
+        let (_, body) = http(metrics, "GET", "/metrics");
+        let series = "dpcoord_access_denied_total{socket=\"stats\"} ";
+        body.lines().find_map(|l| l.strip_prefix(series)?.parse::<f64>().ok()).unwrap()
+    };
+    eventually("the refused publisher counted", || {
+        refused.send(rmp_serde::to_vec_named(&update(1, 1, 1, [0; 5])).unwrap(), 0).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        (denied() >= 1.0).then_some(())
+    });
+    assert_eq!(c.call(json!({"v": 1, "op": "state"}))["ranks"][1]["status"], json!("unknown"));
+    assert_eq!(child.stop().code(), Some(0));
 }
 
 #[test]
@@ -270,7 +340,7 @@ fn sigterm_exits_within_two_seconds_even_with_a_stalled_http_client() {
 }
 
 /// Spawns the binary with `RUST_LOG=warn`, JSON logs and stderr captured line by line.
-fn spawn_warn_logging(dir: &tempfile::TempDir, args: &[&str]) -> (std::process::Child, mpsc::Receiver<String>) {
+fn spawn_warn_logging(dir: &tempfile::TempDir, args: &[&str]) -> (Spawned, mpsc::Receiver<String>) {
     let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
         .args(["--route-bind", &ep("route"), "--health-bind", &ep("health"), "--stats-bind", &ep("stats")])
@@ -290,7 +360,7 @@ fn spawn_warn_logging(dir: &tempfile::TempDir, args: &[&str]) -> (std::process::
             }
         }
     });
-    (child, rx)
+    (Spawned(child), rx)
 }
 
 /// The three causes of a dropped update, and for each a flood message and a
@@ -327,7 +397,7 @@ fn a_flood_of_bad_stats_logs_at_most_one_line_per_second_per_cause_and_counts_ev
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let args = ["--dp-size", "2", "--stale-after-ms", "600000", "--down-after-ms", "1200000"];
-    let (mut child, lines) = spawn_warn_logging(&dir, &args);
+    let (child, lines) = spawn_warn_logging(&dir, &args);
     let ctx = zmq::Context::new();
     let c = Client::connect(&ctx, &format!("ipc://{}/route", dir.path().display()));
     let p = ctx.socket(zmq::PUB).unwrap();
@@ -373,8 +443,7 @@ fn a_flood_of_bad_stats_logs_at_most_one_line_per_second_per_cause_and_counts_ev
             logged.push(v);
         }
     }
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let status = eventually("dpcoord exits", || child.try_wait().unwrap());
+    let status = child.stop();
     let elapsed = started.elapsed().as_secs();
     assert_eq!(status.code(), Some(0));
     logged.extend(lines.iter().map(|l| serde_json::from_str(&l).unwrap()));
