@@ -195,7 +195,7 @@ fn engines_that_die_or_hang_go_down_and_come_back_with_exact_epochs() {
 
 #[test]
 fn out_of_order_seq_is_dropped_as_stale_and_gaps_count_as_missed() {
-    let d = Daemon::start(&["--dp-size", "1", "--stale-after-ms", "600000", "--down-after-ms", "1200000"]);
+    let d = Daemon::frozen("1", &[]);
     let p = d.publisher();
     let s = d.bring_up(&p, &[0]);
     p.send(&update(0, 1, s, [7, 0, 0, 0, 0]));
@@ -250,20 +250,7 @@ fn penalties(d: &Daemon) -> Vec<f64> {
 }
 
 fn least_load(dp: &str) -> Daemon {
-    Daemon::start(&[
-        "--policy",
-        "least_load",
-        "--dp-size",
-        dp,
-        "--tick-ms",
-        "20",
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ])
+    Daemon::frozen(dp, &["--policy", "least_load", "--tick-ms", "20"])
 }
 
 fn count(ranks: &Value, dp: usize) -> Vec<u64> {
@@ -342,18 +329,7 @@ fn absurd_counts_and_tokens_from_an_engine_do_not_crash_or_poison_routing() {
 
 #[test]
 fn absurd_prompt_tokens_from_a_frontend_do_not_crash_or_poison_least_tokens() {
-    let d = Daemon::start(&[
-        "--policy",
-        "least_tokens",
-        "--dp-size",
-        "2",
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ]);
+    let d = Daemon::frozen("2", &["--policy", "least_tokens"]);
     d.bring_up(&d.publisher(), &[0, 1]);
     let c = d.client();
     let max = u64::MAX;

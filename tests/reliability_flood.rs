@@ -33,16 +33,7 @@ const STATS_CAP: u64 = 30_000;
 
 /// Liveness and pending expiry far out, so only what the test sends changes state.
 fn daemon() -> Daemon {
-    let d = Daemon::start(&[
-        "--dp-size",
-        DP,
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-        "--pending-ttl-ms",
-        "3600000",
-    ]);
+    let d = Daemon::frozen(DP, &[]);
     d.bring_up(&d.publisher(), &[0, 1, 3]);
     d
 }

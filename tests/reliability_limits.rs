@@ -41,18 +41,9 @@ fn padded(pairs: &[(&str, M)], len: usize) -> Vec<u8> {
 fn limited(dir: &tempfile::TempDir, extra: &[&str]) -> Daemon {
     let cfg = dir.path().join("limits.toml");
     std::fs::write(&cfg, format!("[limits]\nmax_message_bytes = {LIMIT}\n")).unwrap();
-    let mut args = vec![
-        "--config",
-        cfg.to_str().unwrap(),
-        "--dp-size",
-        "2",
-        "--stale-after-ms",
-        "600000",
-        "--down-after-ms",
-        "1200000",
-    ];
+    let mut args = vec!["--config", cfg.to_str().unwrap()];
     args.extend_from_slice(extra);
-    Daemon::start(&args)
+    Daemon::frozen("2", &args)
 }
 
 /// A dpcoord spawned without the harness, killed if the test ends early.
@@ -266,7 +257,7 @@ fn sigterm_with_queries_in_flight_answers_every_one_and_exits_zero_within_two_se
     const DEALERS: usize = 4;
     /// Outstanding queries per DEALER (below the 1000-message high-water mark).
     const WINDOW: usize = 256;
-    let d = Daemon::start(&["--dp-size", "4", "--stale-after-ms", "600000", "--down-after-ms", "1200000"]);
+    let d = Daemon::frozen("4", &[]);
     d.bring_up(&d.publisher(), &[0, 1, 2, 3]);
     let route = d.route.clone();
     let halt = AtomicBool::new(false);
@@ -396,7 +387,8 @@ fn is_probe(cause: usize, reason: &str) -> bool {
 fn a_flood_of_bad_stats_logs_at_most_one_line_per_second_per_cause_and_counts_every_drop() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let args = ["--dp-size", "2", "--stale-after-ms", "600000", "--down-after-ms", "1200000"];
+    let mut args = vec!["--dp-size", "2"];
+    args.extend_from_slice(&FROZEN);
     let (child, lines) = spawn_warn_logging(&dir, &args);
     let ctx = zmq::Context::new();
     let c = Client::connect(&ctx, &format!("ipc://{}/route", dir.path().display()));
@@ -475,7 +467,7 @@ fn distinct_long_session_keys_and_churning_peers_leave_memory_flat() {
     const KEY_BYTES: usize = 30_000;
     const SESSIONS: usize = 4_000;
     const PEERS: usize = 1_000;
-    let d = Daemon::start(&["--dp-size", "2", "--stale-after-ms", "600000", "--down-after-ms", "1200000"]);
+    let d = Daemon::frozen("2", &[]);
     d.bring_up(&d.publisher(), &[0, 1]);
     let c = d.client();
     let session = |i: usize| format!("{i:08}{}", "s".repeat(KEY_BYTES - 8));
