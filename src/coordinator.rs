@@ -196,11 +196,13 @@ impl Coordinator {
 
     fn export(&mut self, now: Instant) {
         for (rank, (e, m)) in self.engines.iter().zip(&self.metrics.ranks).enumerate() {
-            m.waiting.set(e.counts[WAITING] as i64);
-            m.running.set(e.counts[RUNNING] as i64);
-            m.pending.set(self.user.pending(rank as u32) as i64);
-            let finished = e.finished_before + e.counts[crate::engine::FINISHED];
-            let failed = e.failed_before + e.counts[crate::engine::FAILED];
+            // Engines may report anything up to u64::MAX: saturate, never wrap.
+            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            m.waiting.set(gauge(e.counts[WAITING]));
+            m.running.set(gauge(e.counts[RUNNING]));
+            m.pending.set(gauge(self.user.pending(rank as u32)));
+            let finished = e.finished_before.saturating_add(e.counts[crate::engine::FINISHED]);
+            let failed = e.failed_before.saturating_add(e.counts[crate::engine::FAILED]);
             m.finished.inc_by(finished.saturating_sub(m.finished.get()));
             m.failed.inc_by(failed.saturating_sub(m.failed.get()));
             m.up.set(i64::from(e.status.is_routable()));

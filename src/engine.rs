@@ -230,8 +230,8 @@ impl EngineTable {
         let same_boot = e.status != Status::Unknown && u.boot == e.boot;
         let missed = if same_boot { u.seq - e.seq - 1 } else { 0 };
         if restarted {
-            e.finished_before += e.counts[FINISHED];
-            e.failed_before += e.counts[FAILED];
+            e.finished_before = e.finished_before.saturating_add(e.counts[FINISHED]);
+            e.failed_before = e.failed_before.saturating_add(e.counts[FAILED]);
             e.penalty_state.on_restart();
             tracing::info!(
                 dp_rank = rank,

@@ -71,7 +71,7 @@ pub async fn serve(
 }
 
 /// How long [`Running::stop`] waits for requests in flight.
-const DRAIN: Duration = Duration::from_secs(2);
+const DRAIN: Duration = Duration::from_millis(500);
 
 /// A server started by [`spawn`].
 pub struct Running {
@@ -105,7 +105,7 @@ impl Running {
             Ok(Err(join)) => Err(std::io::Error::other(format!("the HTTP task failed: {join}"))),
             Err(_) => {
                 abort.abort();
-                Err(std::io::Error::other("requests were still open after 2 s; closed them"))
+                Err(std::io::Error::other("requests were still open after 500 ms; closed them"))
             }
         }
     }

@@ -36,7 +36,8 @@ pub struct Ledger {
 impl Ledger {
     /// Records `count` placements of `tokens_each` prompt tokens each.
     pub fn place(&mut self, count: u64, tokens_each: u64, now: Instant) {
-        self.routed += count;
+        // `routed` may have been raised to an engine's absurd `received`.
+        self.routed = self.routed.saturating_add(count);
         self.pending += count;
         self.pending_tokens += count * tokens_each;
         match self.outstanding.back_mut() {

@@ -170,10 +170,20 @@ fn serve(cfg: Config) -> ExitCode {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
     }
-    if let Err(e) = rt.block_on(web.stop()) {
+    // Both wind down at once, so shutdown takes the longer of the two, not the sum.
+    let (web, coordinator) =
+        rt.block_on(async { tokio::join!(web.stop(), tokio::task::spawn_blocking(move || daemon.stop())) });
+    if let Err(e) = web {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }
-    match daemon.stop() {
+    let coordinator = match coordinator {
+        Ok(stopped) => stopped,
+        Err(join) => {
+            eprintln!("dpcoord: error: the coordinator failed while stopping: {join}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match coordinator {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS

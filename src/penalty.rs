@@ -76,8 +76,10 @@ impl PenaltyState {
         let finished = x.finished.saturating_sub(self.seen_finished);
         let failed = x.failed.saturating_sub(self.seen_failed);
         (self.seen_finished, self.seen_failed) = (x.finished, x.failed);
-        if finished + failed > 0 {
-            let ratio = failed as f64 / (finished + failed) as f64;
+        // In f64: an engine may report counters near u64::MAX.
+        let completed = finished as f64 + failed as f64;
+        if completed > 0.0 {
+            let ratio = failed as f64 / completed;
             self.failure_ratio += cfg.failure_smoothing * (ratio - self.failure_ratio);
         }
         let ttft = x.ttft_ratio.map_or(0.0, |r| (r - 1.0).max(0.0));
@@ -153,6 +155,16 @@ mod tests {
         assert_eq!(p.update(&c, TickInputs { stale: true, ..slow }, now), 4.0);
         let worst = TickInputs { ttft_ratio: Some(50.0), ..slow };
         assert_eq!(p.update(&c, worst, now), c.max_penalty);
+    }
+
+    #[test]
+    fn absurd_counters_and_ttft_stay_within_bounds() {
+        let (c, now) = (cfg(), Instant::now());
+        let mut p = PenaltyState::default();
+        // Ratio 0.5 over completions beyond u64: smoothed 0.25, weight 5.
+        assert_eq!(p.update(&c, inputs(u64::MAX, u64::MAX), now), 1.25);
+        let huge = TickInputs { ttft_ratio: Some(f64::INFINITY), ..inputs(u64::MAX, u64::MAX) };
+        assert_eq!(p.update(&c, huge, now), c.max_penalty);
     }
 
     #[test]

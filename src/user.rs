@@ -106,7 +106,9 @@ impl UserDispatcher {
         if self.synced_epoch != Some(engines.epoch()) {
             self.refresh_all(engines);
         }
-        let tokens = req.prompt_tokens.unwrap_or(1);
+        // Capped so that the ledger's token sums cannot overflow: no prompt
+        // is anywhere near 2^32 tokens, and n <= max_batch.
+        let tokens = req.prompt_tokens.unwrap_or(1).min(u64::from(u32::MAX));
         match self.whole_batch_rank(req, engines, now)? {
             Some(rank) => {
                 out.resize(req.n as usize, rank);

@@ -185,3 +185,15 @@ fn pending_expires_after_ttl_on_tick() {
     d.route(&req(1, Target::Policy), &t, t0, &mut out).unwrap();
     assert_eq!(out, [0]);
 }
+
+#[test]
+fn absurd_prompt_tokens_are_capped_not_overflowed() {
+    let t = table_with_up(2, &[0, 1]);
+    let mut d = dispatcher(2, PolicyKind::LeastTokens);
+    let huge = RouteRequest { prompt_tokens: Some(u64::MAX), ..req(1024, Target::Policy) };
+    for _ in 0..4 {
+        route(&mut d, &t, &huge);
+    }
+    // 2048 placements per rank of 2^32 - 1 tokens each.
+    assert_eq!((d.load(0, &t), d.load(1, &t)), (2048.0 * 4294967295.0, 2048.0 * 4294967295.0));
+}
