@@ -16,7 +16,8 @@ use crate::wire::Channel;
 
 /// Frames kept of one request's envelope and body; more is refused.
 const MAX_FRAMES: usize = 8;
-/// Messages taken from one socket per poll round, so no socket starves another.
+/// Messages taken from one socket per poll round, so no socket starves
+/// another (stats included: a flood of updates delays a query by one batch).
 const BATCH: usize = 256;
 /// Longest poll wait, which bounds how fast a stop request is seen.
 const MAX_WAIT: Duration = Duration::from_millis(50);
@@ -258,7 +259,7 @@ fn serve_one(s: &zmq::Socket, ch: Channel, f: &mut Frames, coord: &mut Coordinat
 
 /// Reads stats until EAGAIN; `true` when the batch limit stopped it first.
 fn drain_stats(s: &zmq::Socket, msg: &mut zmq::Message, coord: &mut Coordinator) -> Result<bool, zmq::Error> {
-    for _ in 0..BATCH * 4 {
+    for _ in 0..BATCH {
         match s.recv(msg, zmq::DONTWAIT) {
             Ok(()) => {}
             Err(zmq::Error::EAGAIN) => return Ok(false),
