@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from . import _core
-from ._core import Endpoint, LocalRouter, log
-from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
+from ._base import ClientBase
+from ._core import Endpoint
+from .errors import DpcoordError, UnreachableError
 
 
-class AsyncRouterClient:
+class AsyncRouterClient(ClientBase):
     """Same contract as :class:`dpcoord.RouterClient`, with ``async`` methods.
 
     Calls are serialized by an :class:`asyncio.Lock`; a call that cannot get it
@@ -24,56 +25,12 @@ class AsyncRouterClient:
     Use one instance per event loop.
     """
 
-    def __init__(
-        self,
-        route_endpoint: str,
-        health_endpoint: str | None = None,
-        *,
-        timeout_ms: int = 1000,
-        dp_size: int | None = None,
-        standby: Iterable[str | tuple[str, str | None]] = (),
-        log_period_s: float = 30.0,
-        track_state: bool = True,
-        fallback_when_uninformed: bool = True,
-        context: zmq.asyncio.Context | None = None,
-    ):
-        if timeout_ms <= 0:
-            raise ValueError("timeout_ms must be positive")
-        self.timeout_ms = int(timeout_ms)
-        self.track_state = track_state
-        self._ctx = context or zmq.asyncio.Context.instance()
-        pairs = [(route_endpoint, health_endpoint)] + _core.normalize_standby(standby)
-        self._eps = {
-            "route": [Endpoint(r, "route") for r, _ in pairs],
-            "health": [Endpoint(h, "health") for _, h in pairs if h],
-        }
-        self._local = LocalRouter(dp_size=dp_size, log_period_s=log_period_s)
-        self.fallback_when_uninformed = fallback_when_uninformed
-        self._why: str | None = None
-        self._lock: asyncio.Lock | None = None
-        self._closed = False
-        self.last_source: str | None = None
-        self.last_endpoint: str | None = None
-        self.dropped_reports = 0
+    _context_class = zmq.asyncio.Context
+
+    def _new_lock(self) -> asyncio.Lock | None:
+        return None  # made on first use, inside the event loop
 
     # -- public API ---------------------------------------------------------------
-
-    @property
-    def fallbacks(self) -> int:
-        return self._local.fallbacks
-
-    @property
-    def health_fallbacks(self) -> int:
-        return self._local.health_fallbacks
-
-    @property
-    def routable_ranks(self) -> list[int] | None:
-        r = self._local.routable
-        return None if r is None else list(r)
-
-    @property
-    def epoch(self) -> int | None:
-        return self._local.epoch
 
     async def route(
         self,
@@ -89,9 +46,7 @@ class AsyncRouterClient:
             try:
                 reply = await self._call("route", query, fast=True, skip=self._uninformed(rank, bootstrap_room))
                 if reply is not None:
-                    ranks = _core.ranks_of(reply, n)
-                    self._local.observe_ranks(ranks)
-                    self._local.note_answered(self.last_endpoint)
+                    ranks = self._routed(reply, n)
                     await self._after_reply("route", reply)
                     self.last_source = "dpcoord"
                     return ranks
@@ -100,9 +55,7 @@ class AsyncRouterClient:
                 self._release()
         else:
             where = "client busy: another call holds it"
-        ranks = self._local.route(n, rank, bootstrap_room, session, where)
-        self.last_source = "fallback"
-        return ranks
+        return self._route_locally(n, rank, bootstrap_room, session, where)
 
     async def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         query = _core.health_route_query(rank, bootstrap_room)
@@ -138,8 +91,7 @@ class AsyncRouterClient:
         return _core.epoch_of(await self.call("ping"))
 
     async def call(self, op: str, channel: str = "route", **fields: Any) -> dict[str, Any]:
-        if channel not in self._eps:
-            raise ValueError(f"channel must be 'route' or 'health', got {channel!r}")
+        self._check_channel(channel)
         query = {"v": _core.VERSION, "op": op, **fields}
         if not await self._acquire():
             raise UnreachableError(message="the client is busy with a call that is waiting for dpcoord")
@@ -152,10 +104,7 @@ class AsyncRouterClient:
         return reply
 
     def close(self) -> None:
-        self._closed = True
-        for eps in self._eps.values():
-            for ep in eps:
-                self._reset(ep)
+        self._reset_all()
 
     async def __aenter__(self) -> "AsyncRouterClient":
         return self
@@ -178,40 +127,17 @@ class AsyncRouterClient:
         assert self._lock is not None
         self._lock.release()
 
-    def _where(self, channel: str) -> str:
-        eps = self._eps[channel]
-        if not eps:
-            return f"no {channel} endpoint configured"
-        return "no answer within {} ms from {}".format(self.timeout_ms, ", ".join(ep.address for ep in eps))
-
     def _uninformed(self, rank: Any, bootstrap_room: Any):
         async def skip(ep: Endpoint, err: DpcoordError) -> bool:
-            if not self.fallback_when_uninformed or not isinstance(
-                err, (NoEngineAvailableError, RankUnavailableError)
-            ):
+            if not self._may_be_uninformed(err):
                 return False
             raw = await self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
-            if raw is None:
-                self._mark_down(ep)
-                self._why = f"{ep.address} stopped answering"
-                return True
-            try:
-                state = _core.decode(raw)
-            except DpcoordError:
-                return False
-            self._local.observe_state(state, ep.address)
-            if not _core.uninformed(state, err, rank, bootstrap_room):
-                return False
-            heard = "any engine" if isinstance(err, NoEngineAvailableError) else "that rank"
-            self._why = f"{ep.address} has not heard from {heard} yet"
-            return True
+            return self._skip_uninformed(ep, raw, err, rank, bootstrap_room)
 
         return skip
 
     async def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
-        epoch = reply.get("epoch")
-        source = self.last_endpoint or ""
-        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch, source):
+        if not self._needs_state(reply):
             return
         try:
             state = await self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
@@ -219,32 +145,6 @@ class AsyncRouterClient:
             return
         if state is not None:
             self._local.observe_state(state, self.last_endpoint)
-
-    def _reset(self, ep: Endpoint) -> None:
-        if ep.sock is not None:
-            ep.sock.close(linger=0)
-        ep.sock = None
-        ep.probe_at = None
-
-    def _open(self, ep: Endpoint):
-        if self._closed:
-            raise RuntimeError("the client is closed")
-        sock = self._ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(ep.address)
-        ep.sock = sock
-        return sock
-
-    def _mark_down(self, ep: Endpoint) -> None:
-        if not ep.down:
-            log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
-            ep.down = True
-
-    def _mark_up(self, ep: Endpoint) -> None:
-        if ep.down:
-            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
-            ep.down = False
-            self._local.forget_source()
 
     async def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
         if ep.sock is None or ep.probe_at is not None:
@@ -306,15 +206,12 @@ class AsyncRouterClient:
             if raw is None:
                 self._mark_down(ep)
                 continue
-            self._mark_up(ep)
             try:
-                reply = _core.decode(raw, query.get("id"))
+                return self._answered(ep, raw, query)
             except DpcoordError as e:
                 if skip is not None and await skip(ep, e):
                     continue
                 raise
-            self.last_endpoint = ep.address
-            return reply
         for ep in eps:
             if ep.down:
                 await self._ensure_probe(ep)

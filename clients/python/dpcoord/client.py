@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import zmq
 
 from . import _core
-from ._core import Endpoint, LocalRouter, log
-from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
+from ._base import ClientBase
+from ._core import Endpoint
+from .errors import DpcoordError, UnreachableError
 
 
-class RouterClient:
+class RouterClient(ClientBase):
     """Asks dpcoord which DP rank gets each request; never leaves a caller hanging.
 
     * Every attempt waits at most ``timeout_ms`` for an answer. An endpoint that
@@ -38,64 +39,12 @@ class RouterClient:
     back). Thread-safe: calls are serialized by a lock; the sockets never leave it.
     """
 
-    def __init__(
-        self,
-        route_endpoint: str,
-        health_endpoint: str | None = None,
-        *,
-        timeout_ms: int = 1000,
-        dp_size: int | None = None,
-        standby: Iterable[str | tuple[str, str | None]] = (),
-        log_period_s: float = 30.0,
-        track_state: bool = True,
-        fallback_when_uninformed: bool = True,
-        context: zmq.Context | None = None,
-    ):
-        if timeout_ms <= 0:
-            raise ValueError("timeout_ms must be positive")
-        self.timeout_ms = int(timeout_ms)
-        self.track_state = track_state
-        self._ctx = context or zmq.Context.instance()
-        pairs = [(route_endpoint, health_endpoint)] + _core.normalize_standby(standby)
-        self._eps = {
-            "route": [Endpoint(r, "route") for r, _ in pairs],
-            "health": [Endpoint(h, "health") for _, h in pairs if h],
-        }
-        self._local = LocalRouter(dp_size=dp_size, log_period_s=log_period_s)
-        #: Route locally when dpcoord refuses only because no engine has reported to it yet.
-        self.fallback_when_uninformed = fallback_when_uninformed
-        self._why: str | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-        #: "dpcoord" or "fallback": who answered the last route call.
-        self.last_source: str | None = None
-        #: The endpoint that answered the last call dpcoord answered.
-        self.last_endpoint: str | None = None
-        #: health_report calls that could not be delivered (no endpoint answered).
-        self.dropped_reports = 0
+    _context_class = zmq.Context
+
+    def _new_lock(self) -> threading.Lock:
+        return threading.Lock()
 
     # -- public API ---------------------------------------------------------------
-
-    @property
-    def fallbacks(self) -> int:
-        """Route calls answered by the local fallback, since the client was made."""
-        return self._local.fallbacks
-
-    @property
-    def health_fallbacks(self) -> int:
-        """health_route calls answered by the local fallback."""
-        return self._local.health_fallbacks
-
-    @property
-    def routable_ranks(self) -> list[int] | None:
-        """The routable ranks of the last ``state`` seen (None before the first)."""
-        r = self._local.routable
-        return None if r is None else list(r)
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch of the last ``state`` seen."""
-        return self._local.epoch
 
     def route(
         self,
@@ -118,9 +67,7 @@ class RouterClient:
             try:
                 reply = self._call("route", query, fast=True, skip=self._uninformed(rank, bootstrap_room))
                 if reply is not None:
-                    ranks = _core.ranks_of(reply, n)
-                    self._local.observe_ranks(ranks)
-                    self._local.note_answered(self.last_endpoint)
+                    ranks = self._routed(reply, n)
                     self._after_reply("route", reply)
                     self.last_source = "dpcoord"
                     return ranks
@@ -129,9 +76,7 @@ class RouterClient:
                 self._lock.release()
         else:
             where = "client busy: another call holds it"
-        ranks = self._local.route(n, rank, bootstrap_room, session, where)
-        self.last_source = "fallback"
-        return ranks
+        return self._route_locally(n, rank, bootstrap_room, session, where)
 
     def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         """The rank a health probe should go to, by the health channel's own rotation."""
@@ -176,8 +121,7 @@ class RouterClient:
 
         Tries every endpoint of ``channel`` (``"route"`` or ``"health"``), down or
         not; raises the typed error of a refusal, or :class:`UnreachableError`."""
-        if channel not in self._eps:
-            raise ValueError(f"channel must be 'route' or 'health', got {channel!r}")
+        self._check_channel(channel)
         query = {"v": _core.VERSION, "op": op, **fields}
         if not self._lock.acquire(timeout=self.timeout_ms / 1000):
             raise UnreachableError(message="the client is busy with a call that is waiting for dpcoord")
@@ -191,10 +135,7 @@ class RouterClient:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            for eps in self._eps.values():
-                for ep in eps:
-                    self._reset(ep)
+            self._reset_all()
 
     def __enter__(self) -> "RouterClient":
         return self
@@ -204,45 +145,22 @@ class RouterClient:
 
     # -- internals (called with the lock held) ----------------------------------------
 
-    def _where(self, channel: str) -> str:
-        eps = self._eps[channel]
-        if not eps:
-            return f"no {channel} endpoint configured"
-        return "no answer within {} ms from {}".format(self.timeout_ms, ", ".join(ep.address for ep in eps))
-
     def _uninformed(self, rank: Any, bootstrap_room: Any):
         """The refusal filter of ``route``: ``no_engine_available`` or
         ``rank_unavailable`` from a dpcoord no engine has reported to yet (it just
         started) moves on to the next endpoint, then to the local fallback."""
 
         def skip(ep: Endpoint, err: DpcoordError) -> bool:
-            if not self.fallback_when_uninformed or not isinstance(
-                err, (NoEngineAvailableError, RankUnavailableError)
-            ):
+            if not self._may_be_uninformed(err):
                 return False
             raw = self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
-            if raw is None:
-                self._mark_down(ep)
-                self._why = f"{ep.address} stopped answering"
-                return True
-            try:
-                state = _core.decode(raw)
-            except DpcoordError:
-                return False
-            self._local.observe_state(state, ep.address)
-            if not _core.uninformed(state, err, rank, bootstrap_room):
-                return False
-            heard = "any engine" if isinstance(err, NoEngineAvailableError) else "that rank"
-            self._why = f"{ep.address} has not heard from {heard} yet"
-            return True
+            return self._skip_uninformed(ep, raw, err, rank, bootstrap_room)
 
         return skip
 
     def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
         """Keeps the fallback pool current: a new epoch means the routable set changed."""
-        epoch = reply.get("epoch")
-        source = self.last_endpoint or ""
-        if not self.track_state or not isinstance(epoch, int) or not self._local.needs_refresh(epoch, source):
+        if not self._needs_state(reply):
             return
         try:
             state = self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
@@ -250,32 +168,6 @@ class RouterClient:
             return
         if state is not None:
             self._local.observe_state(state, self.last_endpoint)
-
-    def _reset(self, ep: Endpoint) -> None:
-        if ep.sock is not None:
-            ep.sock.close(linger=0)
-        ep.sock = None
-        ep.probe_at = None
-
-    def _open(self, ep: Endpoint) -> zmq.Socket:
-        if self._closed:
-            raise RuntimeError("the client is closed")
-        sock = self._ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(ep.address)
-        ep.sock = sock
-        return sock
-
-    def _mark_down(self, ep: Endpoint) -> None:
-        if not ep.down:
-            log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
-            ep.down = True
-
-    def _mark_up(self, ep: Endpoint) -> None:
-        if ep.down:
-            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
-            ep.down = False
-            self._local.forget_source()  # it may have restarted: refresh the snapshot
 
     def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
         """One request and its reply, or None after ``timeout_ms`` (socket reset)."""
@@ -339,15 +231,12 @@ class RouterClient:
             if raw is None:
                 self._mark_down(ep)
                 continue
-            self._mark_up(ep)
             try:
-                reply = _core.decode(raw, query.get("id"))
+                return self._answered(ep, raw, query)
             except DpcoordError as e:
                 if skip is not None and skip(ep, e):
                     continue
                 raise
-            self.last_endpoint = ep.address
-            return reply
         for ep in eps:
             if ep.down:
                 self._ensure_probe(ep)
