@@ -147,6 +147,25 @@ class EngineCounters:
 # -- vLLM -----------------------------------------------------------------------------
 
 
+def _publish_kwargs(
+    counters: EngineCounters, waiting: int, running: int, tokens: tuple[int, int] | None, kv_usage: Any
+) -> dict[str, Any]:
+    """The :meth:`StatsPublisher.publish` arguments once an engine's gauges are read:
+    ``counters`` settled against them, and ``kv_usage`` clamped to [0, 1]."""
+    received, finished, failed = counters.settle(waiting, running)
+    return dict(
+        waiting=waiting,
+        running=running,
+        received=received,
+        finished=finished,
+        failed=failed,
+        tokens=tokens,
+        kv_usage=_clamp01(kv_usage),
+        ttft_ms=counters.ttft_ms,
+        tpot_ms=counters.tpot_ms,
+    )
+
+
 def vllm_count_iteration(counters: EngineCounters, iteration_stats: Any) -> None:
     """Folds one vLLM ``IterationStats`` into ``counters``: finished requests by
     ``finish_reason``, TTFT and TPOT samples (seconds -> ms)."""
@@ -166,18 +185,8 @@ def vllm_publish_kwargs(
         field(scheduler_stats, "num_skipped_waiting_reqs", default=0)
     )
     running = int(field(scheduler_stats, "num_running_reqs", default=0))
-    received, finished, failed = counters.settle(waiting, running)
-    return dict(
-        waiting=waiting,
-        running=running,
-        received=received,
-        finished=finished,
-        failed=failed,
-        tokens=tokens,
-        kv_usage=_clamp01(field(scheduler_stats, "kv_cache_usage", "gpu_cache_usage")),
-        ttft_ms=counters.ttft_ms,
-        tpot_ms=counters.tpot_ms,
-    )
+    kv_usage = field(scheduler_stats, "kv_cache_usage", "gpu_cache_usage")
+    return _publish_kwargs(counters, waiting, running, tokens, kv_usage)
 
 
 def publish_vllm(
@@ -229,18 +238,8 @@ def sglang_publish_kwargs(
     if total is None and page_size is not None and field(load, "num_pages") is not None:
         total = int(field(load, "num_pages")) * page_size
     tokens = None if total is None else (int(waiting_tokens or 0), int(total))
-    received, finished, failed = counters.settle(waiting, running)
-    return dict(
-        waiting=waiting,
-        running=running,
-        received=received,
-        finished=finished,
-        failed=failed,
-        tokens=tokens,
-        kv_usage=_clamp01(kv_usage if kv_usage is not None else field(load, "token_usage")),
-        ttft_ms=counters.ttft_ms,
-        tpot_ms=counters.tpot_ms,
-    )
+    kv_usage = kv_usage if kv_usage is not None else field(load, "token_usage")
+    return _publish_kwargs(counters, waiting, running, tokens, kv_usage)
 
 
 def publish_sglang(
