@@ -3,8 +3,7 @@
 //! per-query line shows at info.
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -17,25 +16,10 @@ fn spawn_logging(args: &[&str]) -> (Child, mpsc::Receiver<String>, tempfile::Tem
     let dir = tempfile::tempdir().unwrap();
     let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
     let metrics = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-        .args(["--dp-size", "1", "--route-bind", &ep("route"), "--health-bind", &ep("health")])
-        .args(["--stats-bind", &ep("stats"), "--metrics-bind", &metrics])
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let stats = ep("stats");
+    let (route, health, stats) = (ep("route"), ep("health"), ep("stats"));
+    let endpoints =
+        ["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats, "--metrics-bind", &metrics];
+    let (child, rx) = spawn_with_stderr(&[&["--dp-size", "1"], &endpoints[..], args].concat(), "info");
     (child, rx, dir, stats)
 }
 

@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -333,24 +333,11 @@ fn sigterm_exits_within_two_seconds_even_with_a_stalled_http_client() {
 /// Spawns the binary with `RUST_LOG=warn`, JSON logs and stderr captured line by line.
 fn spawn_warn_logging(dir: &tempfile::TempDir, args: &[&str]) -> (Spawned, mpsc::Receiver<String>) {
     let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-        .args(["--route-bind", &ep("route"), "--health-bind", &ep("health"), "--stats-bind", &ep("stats")])
-        .args(["--metrics-bind", &format!("127.0.0.1:{}", free_port()), "--log-format", "json"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (route, health, stats) = (ep("route"), ep("health"), ep("stats"));
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let endpoints =
+        ["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats, "--metrics-bind", &metrics];
+    let (child, rx) = spawn_with_stderr(&[&endpoints[..], &["--log-format", "json"], args].concat(), "warn");
     (Spawned(child), rx)
 }
 

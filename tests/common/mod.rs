@@ -2,9 +2,10 @@
 //! and talks to it with real ZeroMQ sockets (and real HTTP).
 #![allow(dead_code)] // each test file uses a different part of the harness
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -282,6 +283,28 @@ impl Publisher {
     pub fn send_raw(&self, bytes: &[u8]) {
         self.sock.send(bytes, 0).unwrap();
     }
+}
+
+/// Spawns the binary with exactly `args` and `RUST_LOG=rust_log`, stdout
+/// discarded; returns it and its stderr lines as they come (read on a thread).
+pub fn spawn_with_stderr(args: &[&str], rust_log: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .args(args)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
 }
 
 /// Encodes any MessagePack value, for messages JSON cannot express (NaN, binary, odd keys).
