@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use crate::engine::EngineTable;
-use crate::policy;
+use crate::engines::EngineTable;
+use crate::routing::policy::picker as policy;
 use crate::wire::{ErrorCode, Target, WireError};
 
 /// The health channel's own round-robin position.
@@ -64,7 +64,7 @@ pub fn report(engines: &mut EngineTable, rank: u32, ok: bool, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::table_with_up;
+    use crate::routing::policy::picker::tests::table_with_up;
 
     #[test]
     fn own_rotation_over_routable_ranks_pins_do_not_advance() {

@@ -2,26 +2,25 @@
 //!
 //! Engines (DP ranks) publish stats over ZeroMQ; frontends ask dpcoord which
 //! rank takes each request; probers use a separate health channel whose
-//! state cannot touch user routing. See README.md and PROTOCOL.md.
+//! state cannot touch user routing. See README.md and docs/PROTOCOL.md.
+//!
+//! The folders are the concerns (the README's code map has every file):
+//! - `wire`: bytes <-> typed messages (no I/O, no state)
+//! - `engines`: what each rank reported, liveness, penalties, engine events
+//! - `routing`: the coordinator and the user side (dispatcher, policies, ledgers, sessions)
+//! - `health`: the health channel, which sees engines through a narrow handle only
+//! - `io`: ZeroMQ sockets, the HTTP server, the daemon's thread
+//! - `observability`: Prometheus metrics and rate-limited logging
+//! - `config`: TOML + flags -> checked settings
+//! - `sim` (feature `sim`, on by default): the simulator and `dpcoord demo`
 #![forbid(unsafe_code)]
 
-pub mod access;
 pub mod config;
-pub mod coordinator;
-pub mod daemon;
-pub mod demo;
-pub mod engine;
+pub mod engines;
 pub mod health;
-pub mod http;
-pub mod ledger;
-pub mod load;
-pub mod metrics;
-pub mod penalty;
-pub mod policy;
-pub mod ratelimit;
-pub mod session;
+pub mod io;
+pub mod observability;
+pub mod routing;
+#[cfg(feature = "sim")]
 pub mod sim;
-pub mod transport;
-pub mod user;
-pub mod window;
 pub mod wire;

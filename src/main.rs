@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
-use dpcoord::daemon::Daemon;
-use dpcoord::http;
+use dpcoord::io::daemon::Daemon;
+use dpcoord::io::http;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -64,8 +64,10 @@ struct Cli {
 enum Cmd {
     /// Check a config file and exit (0 when valid, 2 with the bad key otherwise).
     CheckConfig { file: PathBuf },
+    #[cfg(feature = "sim")]
     /// Run dpcoord with 8 simulated engines, 2 frontends and a health prober, showing a live table.
-    Demo(dpcoord::demo::DemoArgs),
+    Demo(dpcoord::sim::demo::DemoArgs),
+    #[cfg(feature = "sim")]
     /// Run a simulation scenario; prints a report and writes it with an SVG chart.
     Sim(dpcoord::sim::SimArgs),
 }
@@ -215,7 +217,9 @@ fn main() -> ExitCode {
         }
     };
     match &cli.cmd {
-        Some(Cmd::Demo(args)) => dpcoord::demo::main(args),
+        #[cfg(feature = "sim")]
+        Some(Cmd::Demo(args)) => dpcoord::sim::demo::main(args),
+        #[cfg(feature = "sim")]
         Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
         Some(Cmd::CheckConfig { file }) => match read_file(file).and_then(Config::from_table) {
             Ok(_) => {

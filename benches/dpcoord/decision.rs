@@ -12,10 +12,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use dpcoord::config::{Config, PolicyKind};
-use dpcoord::coordinator::Coordinator;
-use dpcoord::engine::EngineTable;
-use dpcoord::metrics::Metrics;
-use dpcoord::user::UserDispatcher;
+use dpcoord::engines::EngineTable;
+use dpcoord::observability::metrics::Metrics;
+use dpcoord::routing::user::UserDispatcher;
+use dpcoord::routing::Coordinator;
 use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, StatsUpdate, Target};
 
 use crate::report::{num, Report, Table};
@@ -28,10 +28,10 @@ const PROMPT_TOKENS: u64 = 512;
 /// A config with `dp` ranks that stay up for the whole bench.
 pub fn config(dp: u32, policy: PolicyKind) -> Config {
     let mut c = Config::default();
-    c.engines.dp_size = dp;
-    c.engines.stale_after = Duration::from_secs(600);
-    c.engines.down_after = Duration::from_secs(1200);
-    c.routing.policy = policy;
+    c.settings.engines.dp_size = dp;
+    c.settings.engines.stale_after = Duration::from_secs(600);
+    c.settings.engines.down_after = Duration::from_secs(1200);
+    c.settings.routing.policy = policy;
     c
 }
 

@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use dpcoord::config::PolicyKind;
-use dpcoord::coordinator::Coordinator;
-use dpcoord::metrics::Metrics;
+use dpcoord::observability::metrics::Metrics;
+use dpcoord::routing::Coordinator;
 use dpcoord::wire::Channel;
 
 use crate::decision::{config, counts};

@@ -7,16 +7,16 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use dpcoord::config::Config;
-use dpcoord::coordinator::Coordinator;
-use dpcoord::metrics::Metrics;
+use dpcoord::routing::Coordinator;
+use dpcoord::observability::metrics::Metrics;
 use dpcoord::wire::Channel;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
 fn coordinator() -> Coordinator {
     let mut cfg = Config::default();
-    cfg.engines.dp_size = 4;
-    cfg.routing.pending_ttl = std::time::Duration::from_millis(50);
+    cfg.settings.engines.dp_size = 4;
+    cfg.settings.routing.pending_ttl = std::time::Duration::from_millis(50);
     let now = Instant::now();
     let mut coord = Coordinator::new(&cfg, Metrics::new(4), now);
     for rank in 0..3 {

@@ -7,14 +7,14 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use dpcoord::config::Config;
-use dpcoord::coordinator::Coordinator;
-use dpcoord::metrics::Metrics;
+use dpcoord::routing::Coordinator;
+use dpcoord::observability::metrics::Metrics;
 use libfuzzer_sys::fuzz_target;
 
 thread_local! {
     static COORD: RefCell<Coordinator> = RefCell::new({
         let mut cfg = Config::default();
-        cfg.engines.dp_size = 4;
+        cfg.settings.engines.dp_size = 4;
         Coordinator::new(&cfg, Metrics::new(4), Instant::now())
     });
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::config::{self, Config, PolicyKind};
-use crate::coordinator::Published;
-use crate::daemon::Daemon;
+use crate::io::daemon::Daemon;
+use crate::routing::Published;
 
 use super::net::Endpoints;
 use super::SimError;
@@ -158,7 +158,7 @@ mod tests {
     fn settings_become_a_checked_config() {
         let eps = Endpoints { route: "ipc:///x/r".into(), health: "ipc:///x/h".into(), stats: "ipc:///x/s".into() };
         let c = DaemonSettings::defaults(4, "round_robin").config(&eps).unwrap();
-        assert_eq!((c.engines.dp_size, c.server.stats_bind.as_deref()), (4, Some("ipc:///x/s")));
+        assert_eq!((c.settings.engines.dp_size, c.server.stats_bind.as_deref()), (4, Some("ipc:///x/s")));
         let bad = DaemonSettings { down_after_ms: 10, ..DaemonSettings::defaults(4, "round_robin") };
         assert!(matches!(bad.config(&eps), Err(SimError::Config(e)) if e.key == "engines.down_after_ms"));
         assert!(DaemonSettings::defaults(4, "nope").config(&eps).is_err());

@@ -18,6 +18,7 @@
 //! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
 
 pub mod cluster;
+pub mod demo;
 pub mod link;
 pub mod local;
 pub mod model;
@@ -35,7 +36,7 @@ use std::process::ExitCode;
 use clap::ArgAction;
 
 use crate::config::ConfigError;
-use crate::transport::TransportError;
+use crate::io::transport::TransportError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -48,7 +49,7 @@ pub enum SimError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
-    Http(#[from] crate::http::BindError),
+    Http(#[from] crate::io::http::BindError),
     #[error("{0}")]
     Usage(String),
 }

@@ -56,6 +56,7 @@ impl DispatchWindow {
         self.totals[rank] += count;
     }
 
+    #[cfg(test)]
     pub fn total(&self, rank: usize) -> u64 {
         self.totals[rank]
     }

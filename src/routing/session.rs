@@ -40,12 +40,9 @@ impl SessionTable {
         self.map.put(self.hasher.hash_one(key), (rank, now));
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 }
 

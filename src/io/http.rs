@@ -19,8 +19,8 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::coordinator::Published;
-use crate::engine::Status;
+use crate::engines::Status;
+use crate::routing::Published;
 use crate::wire::StateView;
 
 /// The listener could not be opened.

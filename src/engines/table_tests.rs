@@ -4,7 +4,7 @@ use super::*;
 
 fn table(dp: u32) -> EngineTable {
     let mut c = Config::default();
-    c.engines.dp_size = dp;
+    c.settings.engines.dp_size = dp;
     EngineTable::new(&c)
 }
 

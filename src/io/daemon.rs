@@ -6,9 +6,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::coordinator::{Coordinator, Published};
-use crate::metrics::Metrics;
-use crate::transport::{self, Sockets, TransportError};
+use crate::io::transport::{self, Sockets, TransportError};
+use crate::observability::metrics::Metrics;
+use crate::routing::{Coordinator, Published};
 
 /// A running daemon; [`Daemon::stop`] ends it.
 pub struct Daemon {
@@ -24,7 +24,7 @@ impl Daemon {
     /// Binds every socket (errors come back here) and starts serving.
     pub fn start(cfg: &Config) -> Result<Daemon, TransportError> {
         let sockets = Sockets::open(cfg)?;
-        let metrics = Metrics::new(cfg.engines.dp_size);
+        let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
         let mut coord = Coordinator::new(cfg, metrics, Instant::now());
         let published = coord.published();
@@ -38,8 +38,8 @@ impl Daemon {
             route = %cfg.server.route_bind,
             health = %cfg.server.health_bind,
             stats_bind = cfg.server.stats_bind.as_deref().unwrap_or(""),
-            dp_size = cfg.engines.dp_size,
-            policy = cfg.routing.policy.as_str(),
+            dp_size = cfg.settings.engines.dp_size,
+            policy = cfg.settings.routing.policy.as_str(),
             "dpcoord serving"
         );
         Ok(Daemon { registry, published, stop, thread })

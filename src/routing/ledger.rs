@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::engine::Accepted;
+use crate::engines::Accepted;
 
 /// Placements within this interval with the same prompt length share one
 /// entry, which bounds the ledger to about `pending_ttl / COALESCE` entries.

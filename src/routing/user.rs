@@ -12,13 +12,13 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::config::{Config, PolicyKind};
-use crate::engine::{Accepted, EngineTable};
+use crate::engines::{Accepted, EngineTable};
 use crate::health::{check_fixed, no_engine};
-use crate::ledger::Ledger;
-use crate::load::LoadModel;
-use crate::policy;
-use crate::session::SessionTable;
-use crate::window::DispatchWindow;
+use crate::routing::ledger::Ledger;
+use crate::routing::policy::picker as policy;
+use crate::routing::policy::scorer::LoadModel;
+use crate::routing::session::SessionTable;
+use crate::routing::window::DispatchWindow;
 use crate::wire::{RouteRequest, WireError};
 
 #[derive(Debug)]
@@ -40,19 +40,19 @@ pub struct UserDispatcher {
 
 impl UserDispatcher {
     pub fn new(cfg: &Config, now: Instant) -> Self {
-        let dp = cfg.engines.dp_size as usize;
+        let dp = cfg.settings.engines.dp_size as usize;
         UserDispatcher {
-            model: LoadModel { policy: cfg.routing.policy, weights: cfg.routing.weights },
+            model: LoadModel { policy: cfg.settings.routing.policy, weights: cfg.settings.routing.weights },
             cursor: 0,
-            rng: SmallRng::seed_from_u64(cfg.routing.seed),
+            rng: SmallRng::seed_from_u64(cfg.settings.routing.seed),
             ledgers: vec![Ledger::default(); dp],
             costs: vec![f64::INFINITY; dp],
             routable: Vec::with_capacity(dp),
             synced_epoch: None,
-            sessions: SessionTable::new(&cfg.routing.sessions),
-            session_ratio: cfg.routing.sessions.max_load_ratio,
-            pending_ttl: cfg.routing.pending_ttl,
-            window: DispatchWindow::new(dp, cfg.routing.imbalance_window, now),
+            sessions: SessionTable::new(&cfg.settings.routing.sessions),
+            session_ratio: cfg.settings.routing.sessions.max_load_ratio,
+            pending_ttl: cfg.settings.routing.pending_ttl,
+            window: DispatchWindow::new(dp, cfg.settings.routing.imbalance_window, now),
         }
     }
 
@@ -73,6 +73,7 @@ impl UserDispatcher {
         self.model.load(engines.get(rank), &self.ledgers[rank as usize])
     }
 
+    #[cfg(test)]
     pub fn sessions(&self) -> usize {
         self.sessions.len()
     }

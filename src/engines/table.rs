@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, Penalty};
-use crate::penalty::{self, PenaltyState, TickInputs};
+use crate::engines::penalty::{self, PenaltyState, TickInputs};
 use crate::wire::StatsUpdate;
 
 /// Index of a counter in the 5-tuple `[waiting, running, received, finished, failed]`.
@@ -157,15 +157,15 @@ fn check_order(e: &EngineState, u: &StatsUpdate) -> Result<(), StatsReject> {
 impl EngineTable {
     pub fn new(cfg: &Config) -> Self {
         EngineTable {
-            engines: vec![EngineState::new(); cfg.engines.dp_size as usize],
+            engines: vec![EngineState::new(); cfg.settings.engines.dp_size as usize],
             epoch: 0,
             liveness: Liveness {
-                stale_after: cfg.engines.stale_after,
-                down_after: cfg.engines.down_after,
-                readmit_updates: cfg.engines.readmit_updates,
+                stale_after: cfg.settings.engines.stale_after,
+                down_after: cfg.settings.engines.down_after,
+                readmit_updates: cfg.settings.engines.readmit_updates,
             },
-            penalty: cfg.penalty.clone(),
-            ttfts: Vec::with_capacity(cfg.engines.dp_size as usize),
+            penalty: cfg.settings.penalty.clone(),
+            ttfts: Vec::with_capacity(cfg.settings.engines.dp_size as usize),
         }
     }
 
@@ -297,5 +297,5 @@ impl EngineTable {
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
+#[path = "table_tests.rs"]
 mod tests;

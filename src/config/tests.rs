@@ -17,24 +17,24 @@ fn defaults_match_the_contract() {
     assert_eq!(c.server.health_bind, "tcp://127.0.0.1:5571");
     assert_eq!(c.server.stats_bind.as_deref(), Some("tcp://127.0.0.1:5572"));
     assert_eq!(c.server.metrics_bind, "127.0.0.1:9570".parse().unwrap());
-    assert_eq!(c.engines.dp_size, 8);
-    assert_eq!(c.engines.stale_after, Duration::from_millis(1000));
-    assert_eq!(c.engines.down_after, Duration::from_millis(3000));
-    assert_eq!(c.engines.readmit_updates, 2);
-    assert_eq!(c.routing.policy, PolicyKind::RoundRobin);
-    assert_eq!(c.routing.weights, LoadWeights { waiting: 4.0, running: 1.0, pending: 4.0 });
+    assert_eq!(c.settings.engines.dp_size, 8);
+    assert_eq!(c.settings.engines.stale_after, Duration::from_millis(1000));
+    assert_eq!(c.settings.engines.down_after, Duration::from_millis(3000));
+    assert_eq!(c.settings.engines.readmit_updates, 2);
+    assert_eq!(c.settings.routing.policy, PolicyKind::RoundRobin);
+    assert_eq!(c.settings.routing.weights, LoadWeights { waiting: 4.0, running: 1.0, pending: 4.0 });
     for p in PolicyKind::ALL {
-        assert_eq!(parse(&format!("[routing]\npolicy = \"{}\"", p.as_str())).unwrap().routing.policy, p);
+        assert_eq!(parse(&format!("[routing]\npolicy = \"{}\"", p.as_str())).unwrap().settings.routing.policy, p);
     }
-    assert_eq!(c.routing.tick, Duration::from_millis(100));
-    assert_eq!(c.routing.pending_ttl, Duration::from_millis(2000));
-    assert_eq!(c.routing.imbalance_window, Duration::from_secs(60));
-    assert_eq!((c.limits.max_message_bytes, c.limits.max_batch), (65536, 1024));
+    assert_eq!(c.settings.routing.tick, Duration::from_millis(100));
+    assert_eq!(c.settings.routing.pending_ttl, Duration::from_millis(2000));
+    assert_eq!(c.settings.routing.imbalance_window, Duration::from_secs(60));
+    assert_eq!((c.settings.limits.max_message_bytes, c.settings.limits.max_batch), (65536, 1024));
 }
 
 #[test]
 fn the_shipped_example_is_the_defaults() {
-    let text = include_str!("../config/dpcoord.toml");
+    let text = include_str!("../../config/dpcoord.toml");
     assert_eq!(parse(text).unwrap(), Config::default());
 }
 
@@ -67,7 +67,7 @@ fn flags_override_the_file_and_empty_stats_bind_disables_it() {
     let mut t = Config::parse_toml("[engines]\ndp_size = 4\n[server]\nstats_bind = \"\"").unwrap();
     set(&mut t, "engines", "dp_size", toml::Value::Integer(16));
     let c = Config::from_table(t).unwrap();
-    assert_eq!(c.engines.dp_size, 16);
+    assert_eq!(c.settings.engines.dp_size, 16);
     assert_eq!(c.server.stats_bind, None);
 }
 

@@ -7,11 +7,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::access::{self, Allowlist};
 use crate::config::Config;
-use crate::coordinator::Coordinator;
-use crate::metrics::Metrics;
-use crate::ratelimit::LogLimiter;
+use crate::io::access::{self, Allowlist};
+use crate::observability::metrics::Metrics;
+use crate::observability::ratelimit::LogLimiter;
+use crate::routing::Coordinator;
 use crate::wire::Channel;
 
 /// Frames kept of one request's envelope and body; more is refused.
@@ -94,7 +94,7 @@ fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
 /// is a protocol error that closes the peer's link without a reply (the peer
 /// reconnects by itself).
 fn backstop(cfg: &Config) -> i64 {
-    (cfg.limits.max_message_bytes as i64).saturating_mul(16)
+    (cfg.settings.limits.max_message_bytes as i64).saturating_mul(16)
 }
 
 fn router(

@@ -1,157 +1,14 @@
-//! Configuration: TOML file + command-line flags -> checked [`Config`].
-//!
-//! Flags are folded into the same TOML table as the file (a flag wins), and
-//! one pass turns that table into typed values. Every error names the key as
-//! `section.key`, so a bad flag and a bad file line read the same way.
+//! Reading one TOML section into typed values, each error naming `section.key`.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::access::Allowlist;
-
-/// A config problem, rendered as one line naming the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {problem}")]
-pub struct ConfigError {
-    pub key: String,
-    pub problem: String,
-}
-
-fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.into(), problem: problem.into() }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-/// The user routing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PolicyKind {
-    /// A pure rotation over routable ranks; ignores load and penalties.
-    RoundRobin,
-    /// The lowest `(requests load + 1) * (1 + penalty)`.
-    LeastLoad,
-    /// The lowest `(token load + 1) * (1 + penalty)`.
-    LeastTokens,
-    /// The better of two seeded random routable ranks, by request cost.
-    PowerOfTwo,
-}
-
-impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] =
-        [PolicyKind::RoundRobin, PolicyKind::LeastLoad, PolicyKind::LeastTokens, PolicyKind::PowerOfTwo];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::RoundRobin => "round_robin",
-            PolicyKind::LeastLoad => "least_load",
-            PolicyKind::LeastTokens => "least_tokens",
-            PolicyKind::PowerOfTwo => "power_of_two",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-/// Weights of the request load estimate `waiting*w + running*w + pending*w`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadWeights {
-    pub waiting: f64,
-    pub running: f64,
-    pub pending: f64,
-}
-
-/// Session affinity: bounded memory and when a session moves.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sessions {
-    pub capacity: usize,
-    pub ttl: Duration,
-    /// A session stays on its rank while that rank's cost is at most this
-    /// many times the cheapest routable rank's cost.
-    pub max_load_ratio: f64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Server {
-    pub route_bind: String,
-    pub health_bind: String,
-    /// `None` when the bind is disabled (`""`).
-    pub stats_bind: Option<String>,
-    pub stats_connect: Vec<String>,
-    pub metrics_bind: SocketAddr,
-    pub log_format: LogFormat,
-    /// Peer allowlists of the bound sockets (TCP only; empty = no check).
-    pub route_allow: Allowlist,
-    pub health_allow: Allowlist,
-    pub stats_allow: Allowlist,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Engines {
-    pub dp_size: u32,
-    pub stale_after: Duration,
-    pub down_after: Duration,
-    pub readmit_updates: u32,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Routing {
-    pub policy: PolicyKind,
-    pub tick: Duration,
-    pub pending_ttl: Duration,
-    pub imbalance_window: Duration,
-    pub weights: LoadWeights,
-    pub sessions: Sessions,
-    /// Seed of power_of_two's random choices.
-    pub seed: u64,
-}
-
-/// Weights and caps of the result-metric penalty (see `penalty.rs`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Penalty {
-    pub max_penalty: f64,
-    pub stale: f64,
-    pub health_failure: f64,
-    pub health_half_life: Duration,
-    /// Weight of the smoothed failure ratio (0..1).
-    pub failure: f64,
-    /// Smoothing factor of the failure ratio per tick with completions.
-    pub failure_smoothing: f64,
-    /// Weight of `max(0, ttft / median ttft - 1)`.
-    pub ttft: f64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limits {
-    pub max_message_bytes: usize,
-    pub max_batch: u32,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    pub server: Server,
-    pub engines: Engines,
-    pub routing: Routing,
-    pub penalty: Penalty,
-    pub limits: Limits,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        match Config::from_table(toml::Table::new()) {
-            Ok(c) => c,
-            Err(e) => unreachable!("the defaults are valid: {e}"),
-        }
-    }
-}
+use super::{
+    err, ConfigError, Engines, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, Routing, Server, Sessions,
+};
+use crate::io::access::Allowlist;
 
 /// Reads one section's keys, remembering which were used.
-struct Section<'a> {
+pub(super) struct Section<'a> {
     name: &'static str,
     table: Option<&'a toml::Table>,
     seen: Vec<&'static str>,
@@ -267,9 +124,9 @@ pub fn check_endpoint(s: &str) -> Result<(), String> {
     }
 }
 
-const SECTIONS: [&str; 5] = ["server", "engines", "routing", "penalty", "limits"];
+pub(super) const SECTIONS: [&str; 5] = ["server", "engines", "routing", "penalty", "limits"];
 
-fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<Section<'a>, ConfigError> {
+pub(super) fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<Section<'a>, ConfigError> {
     let table = match root.get(name) {
         None => None,
         Some(toml::Value::Table(t)) => Some(t),
@@ -278,7 +135,7 @@ fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<Section<'a>,
     Ok(Section { name, table, seen: Vec::new() })
 }
 
-fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
+pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
     let route_bind = s.endpoint("route_bind", "tcp://127.0.0.1:5570")?;
     let health_bind = s.endpoint("health_bind", "tcp://127.0.0.1:5571")?;
     let stats_bind = match s.string("stats_bind", "tcp://127.0.0.1:5572")? {
@@ -315,7 +172,7 @@ fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
     })
 }
 
-fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
+pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
     let dp_size = s.int("dp_size", 8, 1, 65536)? as u32;
     let stale_after = s.ms("stale_after_ms", 1000, 1, 3_600_000)?;
     let down_after = s.ms("down_after_ms", 3000, 1, 3_600_000)?;
@@ -334,7 +191,7 @@ fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
     Ok(Engines { dp_size, stale_after, down_after, readmit_updates })
 }
 
-fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
+pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
     let name = s.string("policy", "round_robin")?;
     let policy = PolicyKind::parse(&name).ok_or_else(|| {
         let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.as_str()).collect();
@@ -358,7 +215,7 @@ fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
     Ok(Routing { policy, tick, pending_ttl, imbalance_window, weights, sessions, seed })
 }
 
-fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
+pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
     let max_penalty = s.float("max_penalty", 10.0, 0.0, 1e6)?;
     let stale = s.float("stale", 1.0, 0.0, 1e6)?;
     let health_failure = s.float("health_failure", 1.0, 0.0, 1e6)?;
@@ -370,55 +227,9 @@ fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
     Ok(Penalty { max_penalty, stale, health_failure, health_half_life, failure, failure_smoothing, ttft })
 }
 
-fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
+pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
     let max_message_bytes = s.int("max_message_bytes", 65536, 256, 16 << 20)? as usize;
     let max_batch = s.int("max_batch", 1024, 1, 65536)? as u32;
     s.finish()?;
     Ok(Limits { max_message_bytes, max_batch })
 }
-
-impl Config {
-    /// Parses TOML text (the file's contents).
-    pub fn parse_toml(text: &str) -> Result<toml::Table, ConfigError> {
-        text.parse::<toml::Table>().map_err(|e| {
-            let msg = e.message().replace('\n', " ");
-            match e.span() {
-                Some(span) => {
-                    let line = text[..span.start.min(text.len())].lines().count().max(1);
-                    err("config", format!("line {line}: {msg}"))
-                }
-                None => err("config", msg),
-            }
-        })
-    }
-
-    /// Checks a whole table (file plus flags) and builds the config.
-    pub fn from_table(root: toml::Table) -> Result<Config, ConfigError> {
-        if let Some(k) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
-            return Err(err(k.as_str(), format!("unknown section; known sections: {}", SECTIONS.join(", "))));
-        }
-        Ok(Config {
-            server: parse_server(section(&root, "server")?)?,
-            engines: parse_engines(section(&root, "engines")?)?,
-            routing: parse_routing(section(&root, "routing")?)?,
-            penalty: parse_penalty(section(&root, "penalty")?)?,
-            limits: parse_limits(section(&root, "limits")?)?,
-        })
-    }
-}
-
-/// Sets `section.key = value` in a table, creating the section as needed
-/// (how a flag overrides the file).
-pub fn set(root: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
-    let entry = root.entry(section.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if !entry.is_table() {
-        *entry = toml::Value::Table(toml::Table::new());
-    }
-    if let toml::Value::Table(t) = entry {
-        t.insert(key.to_owned(), value);
-    }
-}
-
-#[cfg(test)]
-#[path = "config_tests.rs"]
-mod tests;

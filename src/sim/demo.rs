@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::http;
+use crate::io::http;
 use crate::sim::cluster::EngineSpec;
 use crate::sim::link::{Link, ProbeVia};
 use crate::sim::local::{DaemonSettings, Local};

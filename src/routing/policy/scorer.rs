@@ -9,8 +9,8 @@
 //! A rank that is not routable costs infinity.
 
 use crate::config::{LoadWeights, PolicyKind};
-use crate::engine::{EngineState, RUNNING, WAITING};
-use crate::ledger::Ledger;
+use crate::engines::{EngineState, RUNNING, WAITING};
+use crate::routing::ledger::Ledger;
 
 #[derive(Debug, Clone, Copy)]
 pub struct LoadModel {

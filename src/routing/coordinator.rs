@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::engine::{EngineTable, StatsReject, RUNNING, WAITING};
+use crate::engines::{EngineTable, StatsReject, RUNNING, WAITING};
 use crate::health::{self, HealthDispatcher};
-use crate::metrics::{Metrics, StatsResult};
-use crate::ratelimit::LogLimiter;
-use crate::user::UserDispatcher;
+use crate::observability::metrics::{Metrics, StatsResult};
+use crate::observability::ratelimit::LogLimiter;
+use crate::routing::user::UserDispatcher;
 use crate::wire::{self, Channel, Op, Query, QueryLimits, RankView, StateView, WireError};
 
 pub struct Coordinator {
@@ -61,18 +61,18 @@ impl Coordinator {
     pub fn new(cfg: &Config, metrics: Metrics, now: Instant) -> Self {
         let c = Coordinator {
             limits: QueryLimits {
-                dp_size: cfg.engines.dp_size,
-                max_batch: cfg.limits.max_batch,
-                max_message_bytes: cfg.limits.max_message_bytes,
+                dp_size: cfg.settings.engines.dp_size,
+                max_batch: cfg.settings.limits.max_batch,
+                max_message_bytes: cfg.settings.limits.max_message_bytes,
             },
-            tick_every: cfg.routing.tick,
-            next_tick: now + cfg.routing.tick,
+            tick_every: cfg.settings.routing.tick,
+            next_tick: now + cfg.settings.routing.tick,
             engines: EngineTable::new(cfg),
             user: UserDispatcher::new(cfg, now),
             health: HealthDispatcher::default(),
             metrics,
             drops: LogLimiter::default(),
-            placed: Vec::with_capacity(cfg.limits.max_batch as usize),
+            placed: Vec::with_capacity(cfg.settings.limits.max_batch as usize),
             published: Arc::new(Published { state: Mutex::new(Arc::new(StateView::default())) }),
         };
         c.published.set(c.state_view(now));
@@ -201,8 +201,8 @@ impl Coordinator {
             m.waiting.set(gauge(e.counts[WAITING]));
             m.running.set(gauge(e.counts[RUNNING]));
             m.pending.set(gauge(self.user.pending(rank as u32)));
-            let finished = e.finished_before.saturating_add(e.counts[crate::engine::FINISHED]);
-            let failed = e.failed_before.saturating_add(e.counts[crate::engine::FAILED]);
+            let finished = e.finished_before.saturating_add(e.counts[crate::engines::FINISHED]);
+            let failed = e.failed_before.saturating_add(e.counts[crate::engines::FAILED]);
             m.finished.inc_by(finished.saturating_sub(m.finished.get()));
             m.failed.inc_by(failed.saturating_sub(m.failed.get()));
             m.up.set(i64::from(e.status.is_routable()));

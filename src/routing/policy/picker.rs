@@ -6,7 +6,7 @@
 
 use rand::Rng;
 
-use crate::engine::EngineTable;
+use crate::engines::EngineTable;
 
 /// The first routable rank at or after `start` (wrapping), if any.
 pub fn round_robin(start: u32, engines: &EngineTable) -> Option<u32> {
@@ -56,7 +56,7 @@ pub(crate) mod tests {
 
     pub fn table_with_up(dp: u32, up: &[u32]) -> EngineTable {
         let mut c = Config::default();
-        c.engines.dp_size = dp;
+        c.settings.engines.dp_size = dp;
         let mut t = EngineTable::new(&c);
         for &r in up {
             let u = StatsUpdate {

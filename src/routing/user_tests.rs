@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::config::PolicyKind;
-use crate::policy::tests::table_with_up;
+use crate::routing::policy::picker::tests::table_with_up;
 use crate::wire::{ErrorCode, StatsUpdate, Target};
 
 fn req(n: u32, target: Target) -> RouteRequest<'static> {
@@ -13,8 +13,8 @@ fn req(n: u32, target: Target) -> RouteRequest<'static> {
 
 fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {
     let mut c = Config::default();
-    c.engines.dp_size = dp;
-    c.routing.policy = policy;
+    c.settings.engines.dp_size = dp;
+    c.settings.routing.policy = policy;
     UserDispatcher::new(&c, Instant::now())
 }
 

@@ -1,0 +1,188 @@
+//! Configuration: TOML file + command-line flags -> checked [`Config`].
+//!
+//! Flags are folded into the same TOML table as the file (a flag wins), and
+//! one pass turns that table into typed values. Every error names the key as
+//! `section.key`, so a bad flag and a bad file line read the same way.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::io::access::Allowlist;
+pub use crate::routing::policy::PolicyKind;
+
+mod parse;
+pub use parse::check_endpoint;
+use parse::{parse_engines, parse_limits, parse_penalty, parse_routing, parse_server, section, SECTIONS};
+
+/// A config problem, rendered as one line naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    pub key: String,
+    pub problem: String,
+}
+
+pub(crate) fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), problem: problem.into() }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Weights of the request load estimate `waiting*w + running*w + pending*w`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadWeights {
+    pub waiting: f64,
+    pub running: f64,
+    pub pending: f64,
+}
+
+/// Session affinity: bounded memory and when a session moves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sessions {
+    pub capacity: usize,
+    pub ttl: Duration,
+    /// A session stays on its rank while that rank's cost is at most this
+    /// many times the cheapest routable rank's cost.
+    pub max_load_ratio: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Server {
+    pub route_bind: String,
+    pub health_bind: String,
+    /// `None` when the bind is disabled (`""`).
+    pub stats_bind: Option<String>,
+    pub stats_connect: Vec<String>,
+    pub metrics_bind: SocketAddr,
+    pub log_format: LogFormat,
+    /// Peer allowlists of the bound sockets (TCP only; empty = no check).
+    pub route_allow: Allowlist,
+    pub health_allow: Allowlist,
+    pub stats_allow: Allowlist,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Engines {
+    pub dp_size: u32,
+    pub stale_after: Duration,
+    pub down_after: Duration,
+    pub readmit_updates: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub policy: PolicyKind,
+    pub tick: Duration,
+    pub pending_ttl: Duration,
+    pub imbalance_window: Duration,
+    pub weights: LoadWeights,
+    pub sessions: Sessions,
+    /// Seed of power_of_two's random choices.
+    pub seed: u64,
+}
+
+/// Weights and caps of the result-metric penalty (see `penalty.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Penalty {
+    pub max_penalty: f64,
+    pub stale: f64,
+    pub health_failure: f64,
+    pub health_half_life: Duration,
+    /// Weight of the smoothed failure ratio (0..1).
+    pub failure: f64,
+    /// Smoothing factor of the failure ratio per tick with completions.
+    pub failure_smoothing: f64,
+    /// Weight of `max(0, ttft / median ttft - 1)`.
+    pub ttft: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_batch: u32,
+}
+
+/// Everything routing reads: what a running daemon can take at a tick
+/// (`Coordinator::reload`) without rebinding a socket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub engines: Engines,
+    pub routing: Routing,
+    pub penalty: Penalty,
+    pub limits: Limits,
+}
+
+/// The whole configuration: what binds sockets (`server`, fixed for the
+/// process's life) and what routing reads (`settings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub server: Server,
+    pub settings: Settings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Config::default().settings
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        match Config::from_table(toml::Table::new()) {
+            Ok(c) => c,
+            Err(e) => unreachable!("the defaults are valid: {e}"),
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text (the file's contents).
+    pub fn parse_toml(text: &str) -> Result<toml::Table, ConfigError> {
+        text.parse::<toml::Table>().map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    err("config", format!("line {line}: {msg}"))
+                }
+                None => err("config", msg),
+            }
+        })
+    }
+
+    /// Checks a whole table (file plus flags) and builds the config.
+    pub fn from_table(root: toml::Table) -> Result<Config, ConfigError> {
+        if let Some(k) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+            return Err(err(k.as_str(), format!("unknown section; known sections: {}", SECTIONS.join(", "))));
+        }
+        Ok(Config {
+            server: parse_server(section(&root, "server")?)?,
+            settings: Settings {
+                engines: parse_engines(section(&root, "engines")?)?,
+                routing: parse_routing(section(&root, "routing")?)?,
+                penalty: parse_penalty(section(&root, "penalty")?)?,
+                limits: parse_limits(section(&root, "limits")?)?,
+            },
+        })
+    }
+}
+
+/// Sets `section.key = value` in a table, creating the section as needed
+/// (how a flag overrides the file).
+pub fn set(root: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
+    let entry = root.entry(section.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if !entry.is_table() {
+        *entry = toml::Value::Table(toml::Table::new());
+    }
+    if let toml::Value::Table(t) = entry {
+        t.insert(key.to_owned(), value);
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,7 @@
+//! Everything that touches the outside: ZeroMQ sockets, the HTTP server,
+//! the coordinator's thread.
+
+pub mod access;
+pub mod daemon;
+pub mod http;
+pub mod transport;

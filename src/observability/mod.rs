@@ -1,0 +1,4 @@
+//! Prometheus metrics and rate-limited logging.
+
+pub mod metrics;
+pub mod ratelimit;
