@@ -108,7 +108,7 @@ mod tests {
     use crate::config::Config;
 
     fn cfg() -> Penalty {
-        Config::default().penalty
+        Config::default().settings.penalty
     }
 
     fn inputs(finished: u64, failed: u64) -> TickInputs {
