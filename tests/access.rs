@@ -6,10 +6,7 @@ use common::*;
 use serde_json::json;
 
 fn scrape_denied(d: &Daemon, socket: &str) -> u64 {
-    let (status, body) = d.http_get("/metrics");
-    assert_eq!(status, 200);
-    let series = format!("dpcoord_access_denied_total{{socket=\"{socket}\"}} ");
-    body.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse().ok()).expect("access series")
+    d.metric(&format!("dpcoord_access_denied_total{{socket=\"{socket}\"}}")).expect("access series") as u64
 }
 
 #[test]
@@ -29,7 +26,7 @@ fn route_allowlist_admits_listed_peers_and_refuses_others() {
     let refused = ctx.socket(zmq::REQ).unwrap();
     refused.set_linger(0).unwrap();
     refused.connect(&route).unwrap();
-    refused.send(rmp_serde::to_vec_named(&json!({"v": 1, "op": "ping"})).unwrap(), 0).unwrap();
+    refused.send(encode(&json!({"v": 1, "op": "ping"})), 0).unwrap();
     eventually("the refused connection to be counted", || (scrape_denied(&d, "route") >= 1).then_some(()));
     // The handshake was rejected, so the query never reached dpcoord.
     assert_eq!(refused.recv_bytes(zmq::DONTWAIT), Err(zmq::Error::EAGAIN));

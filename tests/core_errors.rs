@@ -18,23 +18,9 @@ fn daemon() -> Daemon {
     Daemon::frozen(DP, &[])
 }
 
-/// A MessagePack map from (key, value) pairs, in that order.
-fn map(pairs: &[(&str, M)]) -> Vec<u8> {
-    msgpack(&M::Map(pairs.iter().map(|(k, v)| (M::from(*k), v.clone())).collect()))
-}
-
 /// A route query `{v:1, op:"route", id}` plus `extra`.
 fn route(id: &str, extra: &[(&str, M)]) -> Vec<u8> {
-    let mut pairs = vec![("v", M::from(1)), ("op", M::from("route")), ("id", M::from(id))];
-    pairs.extend_from_slice(extra);
-    map(&pairs)
-}
-
-/// A health-socket query `{v:1, op, id}` plus `extra`.
-fn health(op: &str, id: &str, extra: &[(&str, M)]) -> Vec<u8> {
-    let mut pairs = vec![("v", M::from(1)), ("op", M::from(op)), ("id", M::from(id))];
-    pairs.extend_from_slice(extra);
-    map(&pairs)
+    query("route", id, extra)
 }
 
 /// How a refused query reaches the daemon.
@@ -48,19 +34,6 @@ enum Via {
     Dealer(bool, Vec<Vec<u8>>),
 }
 
-/// Everything a refused query must leave alone: epoch, and per rank its
-/// status, counts, boot, `routed` and `pending` (ages tick on their own).
-fn books(d: &Daemon) -> Value {
-    let s = d.client().call(json!({"v": 1, "op": "state"}));
-    let ranks: Vec<Value> = s["ranks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| json!([r["rank"], r["status"], r["counts"], r["boot"], r["routed"], r["pending"]]))
-        .collect();
-    json!({"epoch": s["epoch"], "ranks": ranks})
-}
-
 struct Rig {
     d: Daemon,
     user: Client,
@@ -72,9 +45,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let d = daemon();
-        let p = d.publisher();
-        d.bring_up(&p, &[0, 1, 2]);
+        let d = Daemon::frozen_up(DP, &[0, 1, 2]);
         let (user, health) = (d.client(), d.health_client());
         Rig { d, user, health, user_answers: 0, health_answers: 0 }
     }
@@ -85,14 +56,7 @@ impl Rig {
             Via::Health(b) => self.health.call_raw(&b),
             Via::Dealer(to_route, body) => {
                 let ep = if to_route { &self.d.route } else { &self.d.health };
-                let s = self.d.socket(zmq::DEALER, ep);
-                let mut frames = vec![Vec::new()];
-                frames.extend(body);
-                s.send_multipart(frames, 0).unwrap();
-                let reply = s.recv_multipart(0).expect("dpcoord did not answer the DEALER in time");
-                assert_eq!(reply.len(), 2, "reply is the empty delimiter and one payload frame");
-                assert!(reply[0].is_empty(), "the delimiter comes back first");
-                rmp_serde::from_slice(&reply[1]).unwrap()
+                dealer_call(&self.d.socket(zmq::DEALER, ep), body)
             }
         }
     }
@@ -100,7 +64,7 @@ impl Rig {
     /// Sends a query that must be refused with `code`, naming `mentions`
     /// in its message and echoing `id`; then proves nothing changed.
     fn refused(&mut self, what: &str, via: Via, code: &str, id: Option<Value>, mentions: &str) {
-        let before = books(&self.d);
+        let before = self.d.books();
         let r = self.send(via);
         assert_eq!(r["v"], json!(1), "{what}: {r}");
         assert_eq!(r["ok"], json!(false), "{what}: {r}");
@@ -111,7 +75,7 @@ impl Rig {
             Some(id) => assert_eq!(r["id"], id, "{what}: id not echoed: {r}"),
             None => assert!(r.get("id").is_none(), "{what}: no readable id, yet the reply has one: {r}"),
         }
-        assert_eq!(books(&self.d), before, "{what}: a refused query changed state");
+        assert_eq!(self.d.books(), before, "{what}: a refused query changed state");
         self.next_answers_unchanged(what);
     }
 
@@ -172,13 +136,13 @@ fn bad_request_on_the_health_socket() {
         ("undecodable", vec![0xc1], None, "MessagePack"),
         ("array", msgpack(&M::Array(vec![])), None, "map"),
         ("missing v", map(&[("op", "health_route".into()), ("id", "h0".into())]), Some(json!("h0")), "v"),
-        ("rank is a string", health("health_route", "h1", &[("rank", "0".into())]), Some(json!("h1")), "rank"),
-        ("room is a float", health("health_route", "h2", &[("bootstrap_room", 0.5.into())]), Some(json!("h2")), "room"),
-        ("report without rank", health("health_report", "h3", &[("ok", true.into())]), Some(json!("h3")), "rank"),
-        ("report without ok", health("health_report", "h4", &[("rank", 0.into())]), Some(json!("h4")), "ok"),
+        ("rank is a string", query("health_route", "h1", &[("rank", "0".into())]), Some(json!("h1")), "rank"),
+        ("room is a float", query("health_route", "h2", &[("bootstrap_room", 0.5.into())]), Some(json!("h2")), "room"),
+        ("report without rank", query("health_report", "h3", &[("ok", true.into())]), Some(json!("h3")), "rank"),
+        ("report without ok", query("health_report", "h4", &[("rank", 0.into())]), Some(json!("h4")), "ok"),
         (
             "report ok is an int",
-            health("health_report", "h5", &[("rank", 0.into()), ("ok", 1.into())]),
+            query("health_report", "h5", &[("rank", 0.into()), ("ok", 1.into())]),
             Some(json!("h5")),
             "ok",
         ),
@@ -212,10 +176,10 @@ fn unsupported_version_echoes_the_id() {
 #[test]
 fn unknown_op_including_each_op_on_the_other_socket() {
     let mut t = Rig::new();
-    let op = |op: &str, id: i64| map(&[("v", 1.into()), ("op", op.into()), ("id", id.into())]);
+    let op = |op: &str, id: i64| query(op, id, &[]);
     t.refused("made-up op", Via::Route(op("frobnicate", 1)), "unknown_op", Some(json!(1)), "frobnicate");
     t.refused("health_route on route", Via::Route(op("health_route", 2)), "unknown_op", Some(json!(2)), "health");
-    let report = health("health_report", "x", &[("rank", 0.into()), ("ok", false.into())]);
+    let report = query("health_report", "x", &[("rank", 0.into()), ("ok", false.into())]);
     t.refused("health_report on route", Via::Route(report), "unknown_op", Some(json!("x")), "health");
     t.refused("route on health", Via::Health(op("route", -3)), "unknown_op", Some(json!(-3)), "route");
     let routed_pin = route("y", &[("rank", 0.into()), ("n", 4.into())]);
@@ -233,9 +197,9 @@ fn invalid_rank_negative_or_not_below_dp_size_on_route_health_route_and_health_r
         t.refused(&format!("route rank {rank}"), Via::Route(r), "invalid_rank", want.clone(), "rank");
         let r = route(&id, &[("rank", rank.into()), ("bootstrap_room", 1.into())]);
         t.refused(&format!("route rank {rank} + room"), Via::Route(r), "invalid_rank", want.clone(), "rank");
-        let h = health("health_route", &id, &[("rank", rank.into())]);
+        let h = query("health_route", id.as_str(), &[("rank", rank.into())]);
         t.refused(&format!("health_route rank {rank}"), Via::Health(h), "invalid_rank", want.clone(), "rank");
-        let h = health("health_report", &id, &[("rank", rank.into()), ("ok", false.into())]);
+        let h = query("health_report", id.as_str(), &[("rank", rank.into()), ("ok", false.into())]);
         t.refused(&format!("health_report rank {rank}"), Via::Health(h), "invalid_rank", want, "rank");
     }
 }
@@ -250,8 +214,8 @@ fn rank_unavailable_for_pins_and_rooms_on_a_rank_that_is_not_routable() {
         ("room 7 -> 3", Via::Route(route("u4", &[("bootstrap_room", 7.into()), ("n", 2.into())])), "u4"),
         // `rank` wins over `bootstrap_room` even when the room's rank is routable.
         ("pin 3 wins over room 0", Via::Route(route("u5", &[("rank", 3.into()), ("bootstrap_room", 0.into())])), "u5"),
-        ("health pin 3", Via::Health(health("health_route", "u6", &[("rank", 3.into())])), "u6"),
-        ("health room 11 -> 3", Via::Health(health("health_route", "u7", &[("bootstrap_room", 11.into())])), "u7"),
+        ("health pin 3", Via::Health(query("health_route", "u6", &[("rank", 3.into())])), "u6"),
+        ("health room 11 -> 3", Via::Health(query("health_route", "u7", &[("bootstrap_room", 11.into())])), "u7"),
     ];
     for (what, via, id) in unavailable {
         t.refused(what, via, "rank_unavailable", Some(json!(id)), "3");
@@ -268,7 +232,7 @@ fn too_large_for_n_above_max_batch_and_payloads_above_max_message_bytes() {
     let pad = ("pad", M::Binary(vec![0; 70_000]));
     let q = route("big-route", std::slice::from_ref(&pad));
     t.refused("70 kB route query", Via::Route(q), "too_large", Some(json!("big-route")), "max_message_bytes");
-    let h = health("health_route", "big-health", &[pad]);
+    let h = query("health_route", "big-health", &[pad]);
     t.refused("70 kB health query", Via::Health(h), "too_large", Some(json!("big-health")), "max_message_bytes");
 }
 
@@ -293,7 +257,7 @@ fn a_payload_of_exactly_max_message_bytes_is_served_and_one_byte_more_is_too_lar
 fn no_engine_available_while_no_rank_is_routable_and_nothing_changes() {
     let d = daemon();
     let (c, h) = (d.client(), d.health_client());
-    let before = books(&d);
+    let before = d.books();
     for q in [json!({"v": 1, "op": "route", "id": 1}), json!({"v": 1, "op": "route", "id": 1, "n": 5})] {
         let r = c.call(q);
         assert_eq!(r["error"]["code"], json!("no_engine_available"), "{r}");
@@ -305,7 +269,7 @@ fn no_engine_available_while_no_rank_is_routable_and_nothing_changes() {
     // A pin or room names its rank, so it is that rank that is unavailable.
     assert_eq!(c.error_code(json!({"v": 1, "op": "route", "rank": 0})), "rank_unavailable");
     assert_eq!(c.error_code(json!({"v": 1, "op": "route", "bootstrap_room": 6})), "rank_unavailable");
-    assert_eq!(books(&d), before);
+    assert_eq!(d.books(), before);
     assert_eq!(before["epoch"], json!(0));
 
     // Once every rank is up, both rotations start at rank 0: nothing moved them.

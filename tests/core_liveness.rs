@@ -17,24 +17,8 @@ fn status(d: &Daemon, rank: usize) -> Value {
     d.ranks()[rank]["status"].clone()
 }
 
-fn wait_status(d: &Daemon, rank: usize, want: &str) -> Value {
-    eventually(&format!("rank {rank} to be {want}"), || {
-        let s = d.client().call(json!({"v": 1, "op": "state"}));
-        (s["ranks"][rank]["status"] == want).then_some(s)
-    })
-}
-
 fn epoch(d: &Daemon) -> Value {
     d.client().call(json!({"v": 1, "op": "ping"}))["epoch"].clone()
-}
-
-/// Sets the flag when dropped, so the heartbeat ends even if an assert fails.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Publishes a valid update for `rank` every 20 ms until `stop`, so the
@@ -74,7 +58,7 @@ fn unknown_up_stale_down_and_readmitted_with_exact_epochs() {
     let probe = |q: Value| h.call(q)["rank"].clone();
 
     // Nothing reported yet: every rank unknown, counts 0, no age, epoch 0.
-    let s = c.call(json!({"v": 1, "op": "state"}));
+    let s = d.state();
     assert_eq!(s["epoch"], json!(0));
     for r in s["ranks"].as_array().unwrap() {
         assert_eq!(
@@ -89,8 +73,8 @@ fn unknown_up_stale_down_and_readmitted_with_exact_epochs() {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| heartbeat(&d, 1, &stop));
-        let _stop = StopOnDrop(&stop);
-        let s = wait_status(&d, 1, "up");
+        let _stop = SetOnDrop(&stop);
+        let s = d.wait_status(1, "up");
         assert_eq!(s["epoch"], json!(1), "the first rank coming up makes epoch 1");
         let p = d.publisher();
         let mut seq = d.bring_up(&p, &[0]);
@@ -101,7 +85,7 @@ fn unknown_up_stale_down_and_readmitted_with_exact_epochs() {
         );
 
         // Stale: still routable, so still routed; the epoch does not move.
-        let s = wait_status(&d, 0, "stale");
+        let s = d.wait_status(0, "stale");
         assert_eq!(s["epoch"], json!(2));
         assert!(s["ranks"][0]["age_ms"].as_u64().unwrap() >= STALE_MS, "{s}");
         assert_eq!(route(json!({"v": 1, "op": "route", "n": 2})), json!([0, 1]));
@@ -120,8 +104,8 @@ fn unknown_up_stale_down_and_readmitted_with_exact_epochs() {
         assert_eq!(epoch(&d), json!(2));
 
         // Silent again: stale (epoch 2), then down (epoch 3).
-        assert_eq!(wait_status(&d, 0, "stale")["epoch"], json!(2));
-        assert_eq!(wait_status(&d, 0, "down")["epoch"], json!(3));
+        assert_eq!(d.wait_status(0, "stale")["epoch"], json!(2));
+        assert_eq!(d.wait_status(0, "down")["epoch"], json!(3));
 
         // Down and unknown ranks are never routed, by the policy or by a pin or room.
         let books = d.routed_pending();
@@ -187,7 +171,7 @@ fn ranks_going_down_on_the_same_tick_bump_the_epoch_once() {
     // changed twice, and two bumps are right.
     let mut split = false;
     let s = eventually("both ranks down", || {
-        let s = d.client().call(json!({"v": 1, "op": "state"}));
+        let s = d.state();
         let down = s["ranks"].as_array().unwrap().iter().filter(|r| r["status"] == "down").count();
         split |= down == 1;
         (down == 2).then_some(s)

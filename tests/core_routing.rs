@@ -7,21 +7,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-/// All of `ranks` up, with liveness and pending expiry far out.
-fn daemon_with_up(dp: u32, ranks: &[u32]) -> Daemon {
-    let dp = dp.to_string();
-    let d = Daemon::frozen(&dp, &[]);
-    let p = d.publisher();
-    d.bring_up(&p, ranks);
-    d
-}
-
-fn ranks(c: &Client, q: Value) -> Value {
-    let r = c.call(q.clone());
-    assert_eq!(r["ok"], json!(true), "{q} -> {r}");
-    r["ranks"].clone()
-}
-
 /// `(routed, pending)` per rank when the engines acknowledged nothing yet.
 fn placed(per_rank: &[u64]) -> Vec<(u64, u64)> {
     per_rank.iter().map(|&n| (n, n)).collect()
@@ -29,82 +14,78 @@ fn placed(per_rank: &[u64]) -> Vec<(u64, u64)> {
 
 #[test]
 fn batches_continue_the_rotation() {
-    let d = daemon_with_up(4, &[0, 1, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let c = d.client();
     let r = c.call(json!({"v": 1, "op": "route", "n": 3, "id": "b1"}));
     assert_eq!(r, json!({"v": 1, "ok": true, "id": "b1", "ranks": [0, 1, 2], "epoch": 4}));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 2})), json!([3, 0]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 5})), json!([1, 2, 3, 0, 1]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route"})), json!([2]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 2})), [3, 0]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 5})), [1, 2, 3, 0, 1]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route"})), [2]);
     assert_eq!(d.routed_pending(), placed(&[3, 3, 3, 2]));
 }
 
 #[test]
 fn a_batch_of_max_batch_is_placed_in_rotation_order() {
-    let d = daemon_with_up(4, &[0, 1, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let c = d.client();
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route"})), json!([0]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route"})), [0]);
     let want: Vec<u64> = (1..=1024).map(|i| i % 4).collect();
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 1024})), json!(want));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 1024})), want);
     assert_eq!(d.routed_pending(), placed(&[257, 256, 256, 256]));
 }
 
 #[test]
 fn rotation_skips_ranks_that_are_not_routable() {
-    let d = daemon_with_up(4, &[0, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 2, 3]);
     let c = d.client();
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 4})), json!([0, 2, 3, 0]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 3})), json!([2, 3, 0]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 4})), [0, 2, 3, 0]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 3})), [2, 3, 0]);
     assert_eq!(d.routed_pending(), placed(&[3, 0, 2, 2]));
 }
 
 #[test]
 fn pins_and_rooms_count_as_load_but_do_not_advance_the_cursor() {
-    let d = daemon_with_up(4, &[0, 1, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let c = d.client();
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route"})), json!([0]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "rank": 2, "n": 3})), json!([2, 2, 2]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "bootstrap_room": 9, "n": 2})), json!([1, 1]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "bootstrap_room": u64::MAX})), json!([3]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route"})), [0]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "rank": 2, "n": 3})), [2, 2, 2]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "bootstrap_room": 9, "n": 2})), [1, 1]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "bootstrap_room": u64::MAX})), [3]);
     // The next policy answer is the one due after [0]: the cursor did not move.
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 2})), json!([1, 2]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 2})), [1, 2]);
     assert_eq!(d.routed_pending(), placed(&[1, 3, 4, 1]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "rank": 0})), json!([0]));
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route"})), json!([3]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "rank": 0})), [0]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route"})), [3]);
     assert_eq!(d.routed_pending(), placed(&[2, 3, 4, 2]));
 }
 
 #[test]
 fn bootstrap_room_maps_to_room_mod_dp_size_and_rank_wins_over_it() {
-    let d = daemon_with_up(4, &[0, 1, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let c = d.client();
     for room in [0u64, 1, 2, 3, 4, 5, 6, 7, 1_000_003, u64::MAX - 1] {
-        assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "bootstrap_room": room})), json!([room % 4]), "room {room}");
+        assert_eq!(c.route(json!({"v": 1, "op": "route", "bootstrap_room": room})), [room % 4], "room {room}");
     }
     for (rank, room) in [(3u64, 1u64), (0, 2), (2, 2)] {
         let q = json!({"v": 1, "op": "route", "rank": rank, "bootstrap_room": room, "n": 2});
-        assert_eq!(ranks(&c, q), json!([rank, rank]), "rank {rank} with room {room}");
+        assert_eq!(c.route(q), [rank, rank], "rank {rank} with room {room}");
     }
     // None of that moved the cursor.
-    assert_eq!(ranks(&c, json!({"v": 1, "op": "route", "n": 4})), json!([0, 1, 2, 3]));
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 4})), [0, 1, 2, 3]);
     assert_eq!(d.routed_pending(), placed(&[5, 3, 6, 6]));
 }
 
 #[test]
 fn health_rotation_is_its_own_and_pins_and_rooms_do_not_advance_it() {
-    let d = daemon_with_up(4, &[0, 1, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 3]);
     let h = d.health_client();
-    let probe = |q: Value| {
-        let r = h.call(q.clone());
-        assert_eq!(r["ok"], json!(true), "{q} -> {r}");
-        r["rank"].clone()
-    };
-    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), json!(0));
-    assert_eq!(probe(json!({"v": 1, "op": "health_route", "rank": 3})), json!(3));
-    assert_eq!(probe(json!({"v": 1, "op": "health_route", "bootstrap_room": 4})), json!(0));
-    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), json!(1));
-    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), json!(3));
-    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), json!(0));
+    let probe = |q: Value| h.health_rank(q);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), 0);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route", "rank": 3})), 3);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route", "bootstrap_room": 4})), 0);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), 1);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), 3);
+    assert_eq!(probe(json!({"v": 1, "op": "health_route"})), 0);
     let r = h.call(json!({"v": 1, "op": "health_route", "id": 9, "rank": 1, "bootstrap_room": 3}));
     assert_eq!(r, json!({"v": 1, "ok": true, "id": 9, "rank": 1, "epoch": 3}), "rank wins over bootstrap_room");
     // Health placements are not user placements.
@@ -113,22 +94,14 @@ fn health_rotation_is_its_own_and_pins_and_rooms_do_not_advance_it() {
 
 #[test]
 fn req_and_dealer_peers_with_the_empty_delimiter_get_answers_on_both_sockets() {
-    let d = daemon_with_up(4, &[0, 1, 2, 3]);
-    let enc = |q: Value| rmp_serde::to_vec_named(&q).unwrap();
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let dealer_replies = |endpoint: &str, queries: Vec<Value>| -> Vec<Value> {
         let s = d.socket(zmq::DEALER, endpoint);
         let n = queries.len();
         for q in queries {
-            s.send_multipart([Vec::new(), enc(q)], 0).unwrap();
+            dealer_send(&s, vec![encode(&q)]);
         }
-        (0..n)
-            .map(|_| {
-                let frames = s.recv_multipart(0).expect("dpcoord did not answer the DEALER in time");
-                assert_eq!(frames.len(), 2, "the empty delimiter, then one payload");
-                assert!(frames[0].is_empty());
-                rmp_serde::from_slice(&frames[1]).unwrap()
-            })
-            .collect()
+        (0..n).map(|_| dealer_reply(&s)).collect()
     };
 
     // Several DEALER queries in flight at once, answered in order, ids echoed.
@@ -156,7 +129,7 @@ fn req_and_dealer_peers_with_the_empty_delimiter_get_answers_on_both_sockets() {
 
 #[test]
 fn ping_and_state_are_served_on_both_sockets_and_unknown_keys_are_ignored() {
-    let d = daemon_with_up(3, &[0, 2]);
+    let d = Daemon::frozen_up("3", &[0, 2]);
     let (c, h) = (d.client(), d.health_client());
     for client in [&c, &h] {
         let r = client.call(json!({"v": 1, "op": "ping", "id": -7, "future": {"x": [1, 2]}}));
@@ -164,8 +137,7 @@ fn ping_and_state_are_served_on_both_sockets_and_unknown_keys_are_ignored() {
         let s = client.call(json!({"v": 1, "op": "state", "id": "s"}));
         assert_eq!((&s["v"], &s["ok"], &s["id"], &s["epoch"]), (&json!(1), &json!(true), &json!("s"), &json!(2)));
         let entries = s["ranks"].as_array().unwrap();
-        let statuses: Vec<&Value> = entries.iter().map(|r| &r["status"]).collect();
-        assert_eq!(statuses, [&json!("up"), &json!("unknown"), &json!("up")]);
+        assert_eq!(statuses(&s), json!(["up", "unknown", "up"]));
         for (i, r) in entries.iter().enumerate() {
             assert_eq!(r["rank"], json!(i));
             assert_eq!(r["counts"], json!([0, 0, 0, 0, 0]));
@@ -174,5 +146,5 @@ fn ping_and_state_are_served_on_both_sockets_and_unknown_keys_are_ignored() {
         }
     }
     let q = json!({"v": 1, "op": "route", "n": 2, "prompt_tokens": 100, "session": null, "extra": "x"});
-    assert_eq!(ranks(&c, q), json!([0, 2]));
+    assert_eq!(c.route(q), [0, 2]);
 }

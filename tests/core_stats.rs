@@ -12,54 +12,27 @@ mod common;
 
 use common::*;
 use rmpv::Value as M;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Liveness and pending expiry far out, so only updates and queries change state.
 fn daemon(dp: &str) -> Daemon {
     Daemon::frozen(dp, &[])
 }
 
-/// What an update may change: epoch, and per rank status, counts, boot, routed, pending.
-fn view(d: &Daemon) -> Value {
-    let s = d.client().call(json!({"v": 1, "op": "state"}));
-    let ranks: Vec<Value> = s["ranks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| json!({"status": r["status"], "counts": r["counts"], "boot": r["boot"], "routed": r["routed"], "pending": r["pending"]}))
-        .collect();
-    json!({"epoch": s["epoch"], "ranks": ranks})
-}
-
-fn map(pairs: &[(&str, M)]) -> Vec<u8> {
-    msgpack(&M::Map(pairs.iter().map(|(k, v)| (M::from(*k), v.clone())).collect()))
-}
-
-fn ints(xs: &[i64]) -> M {
-    M::Array(xs.iter().map(|&x| M::from(x)).collect())
-}
-
 /// The bad updates' counts: far above the markers' `received`, `finished`, `failed`.
-const BAD_COUNTS: [i64; 5] = [9, 9, 100, 90, 5];
+const BAD_COUNTS: [u64; 5] = [9, 9, 100, 90, 5];
 
 /// A well-formed update for rank 0, boot 1, `seq`, with [`BAD_COUNTS`].
-fn base(seq: u64) -> Vec<(&'static str, M)> {
-    vec![("v", 1.into()), ("rank", 0.into()), ("boot", 1.into()), ("seq", seq.into()), ("counts", ints(&BAD_COUNTS))]
+fn base(seq: u64) -> Update {
+    Update::new(0, 1, seq).counts(BAD_COUNTS)
 }
 
 fn with(seq: u64, key: &'static str, v: M) -> Vec<u8> {
-    let mut p = base(seq);
-    match p.iter_mut().find(|(k, _)| *k == key) {
-        Some(slot) => slot.1 = v,
-        None => p.push((key, v)),
-    }
-    map(&p)
+    base(seq).set(key, v).bytes()
 }
 
 fn without(seq: u64, key: &str) -> Vec<u8> {
-    let mut p = base(seq);
-    p.retain(|(k, _)| *k != key);
-    map(&p)
+    base(seq).without(key).bytes()
 }
 
 /// dp_size 2: rank 0 up (boot 1) with 6 placements, 2 acknowledged; rank 1 unknown.
@@ -87,7 +60,7 @@ impl Rig {
     /// Publishes `bad(seq)` then a marker at that same `seq`, and checks
     /// that only the marker was applied.
     fn dropped(&mut self, what: &str, bad: impl FnOnce(u64) -> Vec<u8>) {
-        let before = view(&self.d);
+        let before = self.d.books();
         let seq = self.seq + 1;
         self.p.send_raw(&bad(seq));
         self.cases += 1;
@@ -101,13 +74,20 @@ impl Rig {
                 self.p.send(&update(0, 1, seq, marker));
             }
             polls += 1;
-            let v = view(&self.d);
+            let v = self.d.books();
             (v["ranks"][0]["counts"] != before["ranks"][0]["counts"]).then_some(v)
         });
         let mut want = before;
         want["ranks"][0]["counts"] = json!(marker);
         assert_eq!(after, want, "{what}: the bad update changed state");
         self.seq = seq;
+    }
+
+    /// [`Rig::dropped`] for each `(what, key, value)`: [`base`] with `key` set to `value`.
+    fn dropped_each(&mut self, cases: Vec<(&str, &'static str, M)>) {
+        for (what, key, v) in cases {
+            self.dropped(what, |seq| with(seq, key, v));
+        }
     }
 }
 
@@ -116,12 +96,12 @@ fn undecodable_and_non_map_updates_are_dropped() {
     let mut t = Rig::new();
     t.dropped("reserved marker", |_| vec![0xc1, 0x00]);
     t.dropped("empty frame", |_| Vec::new());
-    t.dropped("truncated map", |seq| map(&base(seq))[..12].to_vec());
-    t.dropped("trailing bytes", |seq| [map(&base(seq)), vec![0xc0]].concat());
-    t.dropped("array of the fields", |seq| msgpack(&M::Array(base(seq).into_iter().map(|(_, v)| v).collect())));
+    t.dropped("truncated map", |seq| base(seq).bytes()[..12].to_vec());
+    t.dropped("trailing bytes", |seq| [base(seq).bytes(), vec![0xc0]].concat());
+    t.dropped("array of the fields", |seq| msgpack(&M::Array(base(seq).pairs().into_iter().map(|(_, v)| v).collect())));
     t.dropped("string", |_| msgpack(&M::from("stats")));
     t.dropped("integer key", |seq| {
-        let mut m: Vec<(M, M)> = base(seq).into_iter().map(|(k, v)| (M::from(k), v)).collect();
+        let mut m: Vec<(M, M)> = base(seq).pairs().into_iter().map(|(k, v)| (M::from(k), v)).collect();
         m.push((M::from(7), M::from(7)));
         msgpack(&M::Map(m))
     });
@@ -158,9 +138,7 @@ fn updates_with_a_mistyped_field_or_another_version_are_dropped() {
         ("ttft_ms is a bool", "ttft_ms", true.into()),
         ("tpot_ms is an array", "tpot_ms", ints(&[1])),
     ];
-    for (what, key, v) in cases {
-        t.dropped(what, |seq| with(seq, key, v));
-    }
+    t.dropped_each(cases);
 }
 
 #[test]
@@ -169,15 +147,13 @@ fn updates_with_wrong_array_lengths_or_negative_counts_are_dropped() {
     let cases: Vec<(&str, &'static str, M)> = vec![
         ("4 counts", "counts", ints(&[9, 9, 100, 90])),
         ("6 counts", "counts", ints(&[9, 9, 100, 90, 5, 0])),
-        ("no counts", "counts", ints(&[])),
+        ("no counts", "counts", ints::<u64>(&[])),
         ("negative waiting", "counts", ints(&[-1, 9, 100, 90, 5])),
         ("negative received", "counts", ints(&[9, 9, -100, 90, 5])),
         ("3 tokens", "tokens", ints(&[1, 2, 3])),
         ("negative tokens", "tokens", ints(&[1, -2])),
     ];
-    for (what, key, v) in cases {
-        t.dropped(what, |seq| with(seq, key, v));
-    }
+    t.dropped_each(cases);
 }
 
 #[test]
@@ -198,9 +174,7 @@ fn updates_with_nan_infinite_or_out_of_range_floats_are_dropped() {
         ("negative ttft_ms", "ttft_ms", (-1.0).into()),
         ("negative tpot_ms", "tpot_ms", (-0.5).into()),
     ];
-    for (what, key, v) in cases {
-        t.dropped(what, |seq| with(seq, key, v));
-    }
+    t.dropped_each(cases);
 }
 
 #[test]
@@ -236,13 +210,13 @@ fn unknown_keys_nil_optionals_and_edge_floats_are_accepted() {
     // The control for the cases above: an update like theirs, but valid, is applied.
     let t = Rig::new();
     let seq = t.seq + 1;
-    let mut p = base(seq);
-    p.push(("future", M::Map(vec![("nested".into(), ints(&[1, 2]))])));
-    p.push(("tokens", ints(&[0, 7])));
-    p.push(("kv_usage", 1.0.into()));
-    p.push(("ttft_ms", 0.into()));
-    p.push(("tpot_ms", M::Nil));
-    t.p.send_raw(&map(&p));
+    let u = base(seq)
+        .set("future", M::Map(vec![("nested".into(), ints(&[1, 2]))]))
+        .tokens([0, 7])
+        .kv_usage(1.0)
+        .set("ttft_ms", 0.into())
+        .set("tpot_ms", M::Nil);
+    t.p.send_raw(&u.bytes());
     let e = t.d.await_counts(0, [9, 9, 100, 90, 5]);
     // The engine reports more received than dpcoord placed: routed is raised to it.
     assert_eq!((&e["routed"], &e["pending"], &e["boot"]), (&json!(100), &json!(0), &json!(1)));
@@ -258,7 +232,7 @@ fn restart_with_a_higher_boot_resets_counts_and_routed_and_a_lower_boot_is_dropp
     p.send(&update(0, 1, seq, [0, 1, 1, 1, 0]));
     let e = d.await_counts(0, [0, 1, 1, 1, 0]);
     assert_eq!((&e["routed"], &e["pending"]), (&json!(2), &json!(1)));
-    let before = view(&d);
+    let before = d.books();
 
     // Boot 7, with seq starting over: counts are the new boot's, and routed
     // becomes the new boot's `received`.
@@ -267,7 +241,7 @@ fn restart_with_a_higher_boot_resets_counts_and_routed_and_a_lower_boot_is_dropp
     assert_eq!(e["boot"], json!(7));
     assert_eq!(e["status"], json!("up"));
     assert_eq!((&e["routed"], &e["pending"]), (&json!(3), &json!(0)));
-    let after = view(&d);
+    let after = d.books();
     assert_eq!(after["epoch"], before["epoch"], "a restart is not a routability change");
     assert_eq!(after["ranks"][1], before["ranks"][1], "rank 1 is untouched");
 

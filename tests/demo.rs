@@ -1,11 +1,12 @@
 //! `dpcoord demo` end to end: the real binary, its live table without a TTY,
 //! its /metrics while it runs, the summary, and Ctrl-C (SIGINT).
+mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
+
+use common::{http_raw, lines_of, wait_or_kill};
 
 /// Longest any one wait may take.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -27,15 +28,7 @@ impl Demo {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn dpcoord demo");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if tx.send(line.unwrap()).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(child.stdout.take().unwrap());
         Demo { child, lines, seen: Vec::new() }
     }
 
@@ -54,17 +47,7 @@ impl Demo {
 
     /// Waits for the exit code, then returns all of stdout.
     fn finish(mut self) -> (Option<i32>, String) {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                panic!("dpcoord demo did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_or_kill(&mut self.child, DEADLINE, "dpcoord demo");
         self.seen.extend(self.lines.iter());
         (status.code(), self.seen.join("\n"))
     }
@@ -76,22 +59,13 @@ fn after<'a>(text: &'a str, label: &str) -> Vec<&'a str> {
     line.split_whitespace().collect()
 }
 
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    raw
-}
-
 #[test]
 fn demo_shows_the_table_serves_metrics_and_summarizes() {
     let mut demo = Demo::start("3");
     let intro = demo.until("the metrics address", |l| l.starts_with("metrics: http://"));
     let addr = intro["metrics: http://".len()..].split("/metrics").next().unwrap().to_owned();
     demo.until("a table", |l| l.starts_with("completed "));
-    let metrics = http_get(&addr, "/metrics");
+    let metrics = http_raw(addr.parse().unwrap(), "GET", "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("dpcoord_routed_total{class=\"health\",dp_rank=\"0\"}"), "{metrics}");
     let (code, out) = demo.finish();

@@ -3,7 +3,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -122,18 +122,6 @@ fn scrape_when(d: &Daemon, what: &str, ready: impl Fn(&Scrape) -> bool) -> Scrap
     eventually(what, || Some(scrape(d)).filter(&ready))
 }
 
-fn route(c: &Client, query: Value) -> Vec<u64> {
-    let r = c.call(query);
-    assert_eq!(r["ok"], json!(true), "{r}");
-    r["ranks"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
-}
-
-fn health_rank(c: &Client, query: Value) -> u64 {
-    let r = c.call(query);
-    assert_eq!(r["ok"], json!(true), "{r}");
-    r["rank"].as_u64().unwrap()
-}
-
 #[test]
 fn routed_and_error_counters_are_exact_after_a_scripted_run() {
     // Rank 4 never comes up: it receives nothing and pins to it are refused.
@@ -146,15 +134,15 @@ fn routed_and_error_counters_are_exact_after_a_scripted_run() {
     // 12 user placements over 4 ranks: 4 single routes, then a batch of 8.
     let mut placed = Vec::new();
     for _ in 0..4 {
-        placed.extend(route(&c, json!({"v": 1, "op": "route"})));
+        placed.extend(c.route(json!({"v": 1, "op": "route"})));
     }
-    placed.extend(route(&c, json!({"v": 1, "op": "route", "n": 8})));
+    placed.extend(c.route(json!({"v": 1, "op": "route", "n": 8})));
     assert_eq!(placed, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3]);
 
     // Health: its own rotation (0,1,2,3,0,1), then a pin to 3.
-    let rotation: Vec<u64> = (0..6).map(|_| health_rank(&h, json!({"v": 1, "op": "health_route"}))).collect();
+    let rotation: Vec<u64> = (0..6).map(|_| h.health_rank(json!({"v": 1, "op": "health_route"}))).collect();
     assert_eq!(rotation, [0, 1, 2, 3, 0, 1]);
-    assert_eq!(health_rank(&h, json!({"v": 1, "op": "health_route", "rank": 3})), 3);
+    assert_eq!(h.health_rank(json!({"v": 1, "op": "health_route", "rank": 3})), 3);
     assert_eq!(h.error_code(json!({"v": 1, "op": "health_route", "rank": 4})), "rank_unavailable");
 
     let refused = [
@@ -204,11 +192,11 @@ fn dispatch_stddev_is_exact_for_a_skewed_run() {
     let d = start("4");
     let (c, h) = (d.client(), d.health_client());
     d.bring_up(&d.publisher(), &[0, 1, 2, 3]);
-    assert_eq!(route(&c, json!({"v": 1, "op": "route", "n": 4})), [0, 1, 2, 3]);
-    assert_eq!(route(&c, json!({"v": 1, "op": "route", "n": 4, "rank": 0})), [0, 0, 0, 0]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 4})), [0, 1, 2, 3]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "n": 4, "rank": 0})), [0, 0, 0, 0]);
     // Health pins never count as user placements.
     for _ in 0..10 {
-        assert_eq!(health_rank(&h, json!({"v": 1, "op": "health_route", "rank": 1})), 1);
+        assert_eq!(h.health_rank(json!({"v": 1, "op": "health_route", "rank": 1})), 1);
     }
     let m = scrape_when(&d, "a tick after the run", |m| {
         m.per_rank("dpcoord_engine_requests", &[("state", "pending")], 4) == [5.0, 1.0, 1.0, 1.0]
@@ -239,9 +227,9 @@ fn stats_messages_are_counted_by_result_and_engine_totals_span_boots() {
     p.send(&update(0, 1, seq, [0, 0, 5, 3, 1])); // stale: same seq
     p.send(&update(0, 0, seq + 1, [0; 5])); // stale: older boot
     p.send(&update(2, 1, 1, [0; 5])); // unknown_rank
-    p.send(&json!({"v": 1, "rank": -1, "boot": 1, "seq": 1, "counts": [0, 0, 0, 0, 0]})); // unknown_rank
+    p.send(&Update::new(-1, 1, 1).value()); // unknown_rank
     p.send_raw(b"\x01"); // malformed: not a map
-    p.send(&json!({"v": 1, "rank": 0, "boot": 1, "seq": seq + 1, "counts": [0, 0, 0, 0]})); // malformed
+    p.send(&Update::new(0, 1, seq + 1).counts([0; 4]).value()); // malformed
     p.send(&update(0, 1, seq + 1, [0, 0, 4, 3, 1])); // malformed: `received` went backwards
     p.send(&update(0, 2, 1, [0, 0, 2, 1, 1])); // ok: a restart
     let want: Vec<f64> = base.iter().zip([2.0, 3.0, 2.0, 2.0]).map(|(b, d)| b + d).collect();
@@ -267,14 +255,9 @@ fn readyz_flips_to_200_when_the_first_rank_comes_up() {
     assert_eq!(ready.1, "ready: 1 of 2 ranks routable (epoch 1)\n");
 }
 
-/// A raw HTTP/1.1 exchange; returns the whole response text.
+/// A raw HTTP/1.1 exchange; returns the whole response text, lowercased.
 fn exchange(addr: SocketAddr, method: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    raw.to_ascii_lowercase()
+    http_raw(addr, method, path).to_ascii_lowercase()
 }
 
 #[test]
@@ -315,9 +298,9 @@ fn state_json_matches_the_state_op() {
     let p = d.publisher();
     let seq = d.bring_up(&p, &[0, 2]);
     p.send(&update(2, 1, seq, [1, 2, 3, 0, 0]));
-    route(&d.client(), json!({"v": 1, "op": "route", "n": 5}));
+    d.client().route(json!({"v": 1, "op": "route", "n": 5}));
     let (op, http) = eventually("/state catches up with the state op", || {
-        let op = d.client().call(json!({"v": 1, "op": "state"}));
+        let op = d.state();
         let (status, body) = d.http_get("/state");
         assert_eq!(status, 200);
         let http: Value = serde_json::from_str(&body).unwrap();
@@ -325,8 +308,7 @@ fn state_json_matches_the_state_op() {
         (same && http["epoch"] == op["epoch"] && op["ranks"][2]["counts"][1] == 2).then_some((op, http))
     });
     assert_eq!(http["policy"], op["policy"]);
-    let statuses: Vec<&Value> = http["ranks"].as_array().unwrap().iter().map(|r| &r["status"]).collect();
-    assert_eq!(statuses, [&json!("up"), &json!("unknown"), &json!("up")]);
+    assert_eq!(statuses(&http), json!(["up", "unknown", "up"]));
     assert_eq!(http["ranks"][0]["routed"], json!(3));
     assert_eq!(http["ranks"][2]["counts"], json!([1, 2, 3, 0, 0]));
 }
@@ -336,8 +318,8 @@ fn promtool_accepts_the_scrape() {
     let d = start("2");
     let (c, h) = (d.client(), d.health_client());
     d.bring_up(&d.publisher(), &[0, 1]);
-    route(&c, json!({"v": 1, "op": "route", "n": 3}));
-    health_rank(&h, json!({"v": 1, "op": "health_route"}));
+    c.route(json!({"v": 1, "op": "route", "n": 3}));
+    h.health_rank(json!({"v": 1, "op": "health_route"}));
     c.error_code(json!({"v": 1, "op": "fly"}));
     let (_, text) = d.http_get("/metrics");
     let child = Command::new("promtool")
@@ -366,7 +348,7 @@ fn a_busy_metrics_port_exits_1_naming_the_key() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
+    let ep = |name: &str| ipc(&dir, name);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
         .args(["--route-bind", &ep("route"), "--health-bind", &ep("health"), "--stats-bind", &ep("stats")])
         .args(["--metrics-bind", &addr])

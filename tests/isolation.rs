@@ -13,10 +13,7 @@ const USER_QUERIES: u32 = 160;
 /// A daemon over 8 ranks, all up with zero counts. Liveness and pending
 /// expiry are set far out so neither can move while a run is in progress.
 fn fresh_daemon() -> Daemon {
-    let d = Daemon::frozen("8", &[]);
-    let p = d.publisher();
-    d.bring_up(&p, &(0..DP).collect::<Vec<_>>());
-    d
+    Daemon::frozen_up("8", &(0..DP).collect::<Vec<_>>())
 }
 
 /// One health query and the reply it must get. `plain` is the index of
@@ -61,7 +58,7 @@ fn run(d: &Daemon, user: &[Value], with_health: bool) -> (Vec<Vec<u64>>, u32) {
         let r = c.call(q.clone());
         assert_eq!(r["ok"], json!(true), "user query {i} {q} refused: {r}");
         assert_eq!(r["id"], q["id"], "user query {i}: id not echoed");
-        answers.push(r["ranks"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect());
+        answers.push(ranks_of(&r));
         if with_health && i % 3 == 2 {
             let (hq, want) = health_query(sent, &mut plain);
             let got = h.call(hq.clone());
@@ -83,14 +80,6 @@ fn population_std(per_rank: &[u64]) -> f64 {
     (per_rank.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
 }
 
-fn per_rank(answers: &[Vec<u64>]) -> Vec<u64> {
-    let mut count = vec![0u64; DP as usize];
-    for &r in answers.iter().flatten() {
-        count[r as usize] += 1;
-    }
-    count
-}
-
 #[test]
 fn same_160_user_answers_with_and_without_50_interleaved_health_queries() {
     let user: Vec<Value> = (0..USER_QUERIES).map(|i| json!({"v": 1, "op": "route", "id": i})).collect();
@@ -108,7 +97,7 @@ fn same_160_user_answers_with_and_without_50_interleaved_health_queries() {
     let expected: Vec<Vec<u64>> = (0..USER_QUERIES).map(|i| vec![u64::from(i % DP)]).collect();
     assert_eq!(without, expected, "plain round-robin over 8 up ranks");
     assert_eq!(with, without, "health traffic changed the user answers");
-    let counts = per_rank(&with);
+    let counts = per_rank(&with.concat(), DP as usize);
     assert_eq!(counts, vec![20; DP as usize]);
     let std = population_std(&counts);
     assert_eq!(std, 0.0);
@@ -148,7 +137,7 @@ fn batches_pins_and_rooms_answer_the_same_with_health_traffic_interleaved() {
     assert_eq!(rotation, want);
 
     let books = quiet.routed_pending();
-    let placed = per_rank(&with);
+    let placed = per_rank(&with.concat(), DP as usize);
     assert_eq!(books, placed.iter().map(|&n| (n, n)).collect::<Vec<_>>());
     assert_eq!(busy.routed_pending(), books, "health traffic changed routed/pending");
 }

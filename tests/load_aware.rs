@@ -16,15 +16,7 @@ fn daemon(policy: &str, dp: u32, extra: &[&str]) -> Daemon {
 }
 
 fn route(c: &Client, n: u32) -> Vec<u64> {
-    let r = c.call(json!({"v": 1, "op": "route", "n": n}));
-    assert_eq!(r["ok"], json!(true), "{r}");
-    r["ranks"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
-}
-
-fn count(ranks: &[u64], dp: usize) -> Vec<u64> {
-    let mut c = vec![0; dp];
-    ranks.iter().for_each(|&r| c[r as usize] += 1);
-    c
+    c.route(json!({"v": 1, "op": "route", "n": n}))
 }
 
 /// Polls `state` until rank `rank`'s penalty equals `want`.
@@ -40,7 +32,7 @@ fn least_load_spreads_40_placements_over_4_idle_ranks_exactly() {
     // 20 queries of n = 1, 2, 1, 2, ... (30 placements), then one of n = 10.
     let mut all: Vec<u64> = (0..20).flat_map(|i| route(&c, 1 + i % 2)).collect();
     all.extend(route(&c, 10));
-    assert_eq!(count(&all, 4), [10, 10, 10, 10]);
+    assert_eq!(per_rank(&all, 4), [10, 10, 10, 10]);
     let pending: Vec<u64> = d.routed_pending().iter().map(|&(_, p)| p).collect();
     assert_eq!(pending, [10, 10, 10, 10]);
 }
@@ -67,9 +59,7 @@ fn failures_and_slow_first_tokens_raise_penalty_within_two_ticks_and_shrink_the_
     // Rank 1: 10 finished and 10 failed in one tick -> ratio 0.5, smoothed 0.25, weight 5.
     // Rank 2: first tokens 4x the median of the up ranks (100 ms) -> ttft penalty 3.
     for (rank, counts, ttft) in [(0u32, [0; 5], 100.0), (1, [0, 0, 20, 10, 10], 100.0), (2, [0; 5], 400.0)] {
-        let mut u = update(rank, 1, seq, counts);
-        u["ttft_ms"] = json!(ttft);
-        p.send(&u);
+        p.send(&Update::new(rank, 1, seq).counts(counts).ttft(ttft).value());
     }
     await_penalty(&d, 1, 1.25);
     await_penalty(&d, 2, 3.0);
@@ -140,7 +130,7 @@ fn isolation_holds_for_least_load() {
     let (busy, busy_books) = user_answers("least_load", true);
     assert_eq!(busy, quiet);
     assert_eq!(busy_books, quiet_books);
-    assert_eq!(count(&quiet, 8), [20; 8]);
+    assert_eq!(per_rank(&quiet, 8), [20; 8]);
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! per-query line shows at info.
 mod common;
 
-use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -11,16 +10,11 @@ use common::*;
 use serde_json::{json, Value};
 
 /// Spawns the binary with `RUST_LOG=info` and the given extra flags; returns
-/// it, its stderr lines as they come, and its stats endpoint.
-fn spawn_logging(args: &[&str]) -> (Child, mpsc::Receiver<String>, tempfile::TempDir, String) {
+/// it, its stderr lines as they come, and its endpoints' directory.
+fn spawn_logging(args: &[&str]) -> (Spawned, mpsc::Receiver<String>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let (route, health, stats) = (ep("route"), ep("health"), ep("stats"));
-    let endpoints =
-        ["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats, "--metrics-bind", &metrics];
-    let (child, rx) = spawn_with_stderr(&[&["--dp-size", "1"], &endpoints[..], args].concat(), "info");
-    (child, rx, dir, stats)
+    let (child, rx) = spawn_on_ipc(&dir, &[&["--dp-size", "1"], args].concat(), "info");
+    (child, rx, dir)
 }
 
 /// Publishes to rank 0 until a line satisfying `is_change` is logged; returns all lines so far.
@@ -33,24 +27,15 @@ fn until_state_change(stats: &str, lines: &mpsc::Receiver<String>, is_change: im
     while !seen.iter().any(|l: &String| is_change(l)) {
         assert!(start.elapsed() < DEADLINE, "no state-change log line; got {seen:?}");
         seq += 1;
-        p.send(rmp_serde::to_vec_named(&update(0, 1, seq, [0; 5])).unwrap(), 0).unwrap();
+        p.send(encode(&update(0, 1, seq, [0; 5])), 0).unwrap();
         seen.extend(lines.recv_timeout(Duration::from_millis(20)).ok());
         seen.extend(lines.try_iter());
     }
     seen
 }
 
-fn stop_and_collect(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Vec<String> {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < DEADLINE, "dpcoord did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.code(), Some(0));
+fn stop_and_collect(child: Spawned, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Vec<String> {
+    assert_eq!(child.stop().code(), Some(0));
     // The reader thread ends at EOF, which closes the channel.
     seen.extend(lines.iter());
     seen
@@ -58,7 +43,7 @@ fn stop_and_collect(mut child: Child, lines: mpsc::Receiver<String>, mut seen: V
 
 #[test]
 fn json_log_format_writes_one_json_object_per_line_with_state_changes() {
-    let (child, lines, _dir, stats) = spawn_logging(&["--log-format", "json"]);
+    let (child, lines, dir) = spawn_logging(&["--log-format", "json"]);
     let is_change = |l: &str| {
         serde_json::from_str::<Value>(l).is_ok_and(|v| {
             v["level"] == "INFO"
@@ -68,7 +53,7 @@ fn json_log_format_writes_one_json_object_per_line_with_state_changes() {
                 && v["fields"]["to"] == "up"
         })
     };
-    let seen = until_state_change(&stats, &lines, is_change);
+    let seen = until_state_change(&ipc(&dir, "stats"), &lines, is_change);
     let all = stop_and_collect(child, lines, seen);
     for line in &all {
         assert!(serde_json::from_str::<Value>(line).is_ok_and(|v| v.is_object()), "not a JSON object: {line}");
@@ -79,11 +64,11 @@ fn json_log_format_writes_one_json_object_per_line_with_state_changes() {
 
 #[test]
 fn text_logs_by_default_and_no_per_query_lines_at_info() {
-    let (child, lines, dir, stats) = spawn_logging(&[]);
+    let (child, lines, dir) = spawn_logging(&[]);
     let is_change = |l: &str| l.contains("INFO") && l.contains("rank status changed") && l.contains("to=\"up\"");
-    let seen = until_state_change(&stats, &lines, is_change);
+    let seen = until_state_change(&ipc(&dir, "stats"), &lines, is_change);
     let ctx = zmq::Context::new();
-    let c = Client::connect(&ctx, &format!("ipc://{}/route", dir.path().display()));
+    let c = Client::connect(&ctx, &ipc(&dir, "route"));
     assert_eq!(c.call(json!({"v": 1, "op": "route"}))["ranks"], json!([0]));
     assert_eq!(c.error_code(json!({"v": 1, "op": "fly"})), "unknown_op");
     let all = stop_and_collect(child, lines, seen);

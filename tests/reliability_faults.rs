@@ -48,8 +48,7 @@ impl Engine {
                 match m.load(Ordering::Relaxed) {
                     PUBLISH => {
                         seq += 1;
-                        let u = rmp_serde::to_vec_named(&update(rank, boot, seq, [0; 5])).unwrap();
-                        p.send(u, 0).unwrap();
+                        p.send(encode(&update(rank, boot, seq, [0; 5])), 0).unwrap();
                     }
                     HANG => {}
                     _ => return,
@@ -74,31 +73,6 @@ impl Drop for Engine {
     }
 }
 
-fn state(d: &Daemon) -> Value {
-    d.client().call(json!({"v": 1, "op": "state"}))
-}
-
-/// Polls `state` until `rank` is `status`; returns that state.
-fn wait_status(d: &Daemon, rank: usize, status: &str) -> Value {
-    eventually(&format!("rank {rank} {status}"), || {
-        let s = state(d);
-        (s["ranks"][rank]["status"] == status).then_some(s)
-    })
-}
-
-fn statuses(s: &Value) -> Value {
-    s["ranks"].as_array().unwrap().iter().map(|r| r["status"].clone()).collect()
-}
-
-/// Sets the flag when dropped, so helper threads end even if an assert fails.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 /// A frontend routing one query at a time until `stop`: every reply must be
 /// an answer (id echoed) placing on a rank in `allowed` at that moment.
 /// Returns the `(epoch, ranks)` of every answer.
@@ -113,7 +87,7 @@ fn frontend(d: &Daemon, stop: &AtomicBool, allowed: &Mutex<Vec<u64>>) -> Vec<(u6
         let allowed = allowed.lock().unwrap();
         let r = c.call(json!({"v": 1, "op": "route", "id": i, "n": 2}));
         assert_eq!((&r["ok"], &r["id"]), (&json!(true), &json!(i)), "{r}");
-        let ranks: Vec<u64> = r["ranks"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let ranks = ranks_of(&r);
         assert!(ranks.iter().all(|x| allowed.contains(x)), "{ranks:?} outside {allowed:?}");
         seen.push((r["epoch"].as_u64().unwrap(), ranks));
     }
@@ -135,7 +109,7 @@ fn engines_that_die_or_hang_go_down_and_come_back_with_exact_epochs() {
         "3600000",
     ]);
     let mut engines: Vec<Engine> = (0..4).map(|r| Engine::start(&d.stats, false, r, 1)).collect();
-    let s = eventually("all four up", || Some(state(&d)).filter(|s| statuses(s) == json!(["up", "up", "up", "up"])));
+    let s = eventually("all four up", || Some(d.state()).filter(|s| statuses(s) == json!(["up", "up", "up", "up"])));
     assert_eq!(s["epoch"], json!(4), "one bump per rank coming up");
 
     let stop = AtomicBool::new(false);
@@ -146,12 +120,12 @@ fn engines_that_die_or_hang_go_down_and_come_back_with_exact_epochs() {
 
         // Rank 1's engine dies (its socket closes): down, one epoch bump.
         engines[1].set(DIE);
-        let s = wait_status(&d, 1, "down");
+        let s = d.wait_status(1, "down");
         assert_eq!((s["epoch"].clone(), statuses(&s)), (json!(5), json!(["up", "down", "up", "up"])));
         // Rank 2's engine hangs (connected, silent): down, one more bump.
         *allowed.lock().unwrap() = vec![0, 2, 3];
         engines[2].set(HANG);
-        let s = wait_status(&d, 2, "down");
+        let s = d.wait_status(2, "down");
         assert_eq!((s["epoch"].clone(), statuses(&s)), (json!(6), json!(["up", "down", "down", "up"])));
         *allowed.lock().unwrap() = vec![0, 3];
         let r = d.client().call(json!({"v": 1, "op": "route", "n": 4}));
@@ -164,16 +138,16 @@ fn engines_that_die_or_hang_go_down_and_come_back_with_exact_epochs() {
         assert!(before > 0, "rank 1 had placements before it died");
         *allowed.lock().unwrap() = vec![0, 1, 3];
         engines[1] = Engine::start(&d.stats, false, 1, 2);
-        let s = wait_status(&d, 1, "up");
+        let s = d.wait_status(1, "up");
         assert_eq!(s["epoch"], json!(7));
         assert_eq!(s["ranks"][1]["boot"], json!(2));
         // Rank 2's engine resumes its boot: readmitted.
         *allowed.lock().unwrap() = vec![0, 1, 2, 3];
         engines[2].set(PUBLISH);
-        let s = wait_status(&d, 2, "up");
+        let s = d.wait_status(2, "up");
         assert_eq!((s["epoch"].clone(), statuses(&s)), (json!(8), json!(["up", "up", "up", "up"])));
         let r = d.client().call(json!({"v": 1, "op": "route", "n": 4}));
-        let mut ranks: Vec<u64> = r["ranks"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let mut ranks = ranks_of(&r);
         ranks.sort();
         assert_eq!((ranks, &r["epoch"]), (vec![0, 1, 2, 3], &json!(8)), "{r}");
         stop.store(true, Ordering::Relaxed);
@@ -236,7 +210,7 @@ fn assert_sane_metrics(d: &Daemon) {
 
 /// Every rank's penalty is a number within `0..=max_penalty` (10).
 fn penalties(d: &Daemon) -> Vec<f64> {
-    let s = state(d);
+    let s = d.state();
     s["ranks"]
         .as_array()
         .unwrap()
@@ -253,23 +227,12 @@ fn least_load(dp: &str) -> Daemon {
     Daemon::frozen(dp, &["--policy", "least_load", "--tick-ms", "20"])
 }
 
-fn count(ranks: &Value, dp: usize) -> Vec<u64> {
-    let mut c = vec![0; dp];
-    ranks.as_array().unwrap().iter().for_each(|r| c[r.as_u64().unwrap() as usize] += 1);
-    c
-}
-
 #[test]
 fn absurd_ttft_is_capped_at_max_penalty_and_the_other_ranks_take_the_traffic() {
     let d = least_load("3");
     let p = d.publisher();
     let seq = d.bring_up(&p, &[0, 1, 2]);
-    let with = |rank: u32, seq: u64, ttft: f64, tpot: f64| {
-        let mut u = update(rank, 1, seq, [0; 5]);
-        u["ttft_ms"] = json!(ttft);
-        u["tpot_ms"] = json!(tpot);
-        u
-    };
+    let with = |rank: u32, seq: u64, ttft: f64, tpot: f64| Update::new(rank, 1, seq).ttft(ttft).tpot(tpot).value();
     // The median is 100: rank 0's ratio is 1e298, far above anything the
     // penalty formula can use; f64::MAX would overflow a careless sum.
     p.send(&with(0, seq, 1e300, f64::MAX));
@@ -279,7 +242,7 @@ fn absurd_ttft_is_capped_at_max_penalty_and_the_other_ranks_take_the_traffic() {
     // Rank 0 costs (0 + 1) * (1 + 10) = 11: the others take placements until
     // their own (4 * pending + 1) passes that.
     let r = d.client().call(json!({"v": 1, "op": "route", "n": 6}));
-    assert_eq!(count(&r["ranks"], 3), [0, 3, 3], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 3), [0, 3, 3], "{r}");
     let r = d.client().call(json!({"v": 1, "op": "route"}));
     assert_eq!(r["ranks"], json!([0]), "a penalized rank still takes traffic when the others are loaded");
     // The whole fleet slows to absurd values: the median moves with it, nobody is singled out.
@@ -297,9 +260,7 @@ fn absurd_counts_and_tokens_from_an_engine_do_not_crash_or_poison_routing() {
     let p = d.publisher();
     let seq = d.bring_up(&p, &[0, 1, 2]);
     let max = u64::MAX;
-    let mut u = update(0, 1, seq, [max; 5]);
-    u["tokens"] = json!([max, max]);
-    p.send(&u);
+    p.send(&Update::new(0, 1, seq).counts([max; 5]).tokens([max, max]).value());
     d.await_counts(0, [max; 5]);
     // Several ticks see the absurd finished/failed counters.
     eventually("a tick exporting rank 0's gauges", || {
@@ -311,7 +272,7 @@ fn absurd_counts_and_tokens_from_an_engine_do_not_crash_or_poison_routing() {
     // The policy sends everything to the sane ranks; a pin still lands on rank 0.
     let c = d.client();
     let r = c.call(json!({"v": 1, "op": "route", "n": 10}));
-    assert_eq!(count(&r["ranks"], 3), [0, 5, 5], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 3), [0, 5, 5], "{r}");
     let r = c.call(json!({"v": 1, "op": "route", "rank": 0, "n": 2}));
     assert_eq!(r["ranks"], json!([0, 0]), "{r}");
     // The engine restarts and reports absurd counters again (totals across boots).
@@ -320,7 +281,7 @@ fn absurd_counts_and_tokens_from_an_engine_do_not_crash_or_poison_routing() {
     p.send(&update(0, 2, 2, [max; 5]));
     d.await_counts(0, [max; 5]);
     let r = c.call(json!({"v": 1, "op": "route", "n": 4}));
-    assert_eq!(count(&r["ranks"], 3), [0, 2, 2], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 3), [0, 2, 2], "{r}");
     eventually("a tick after the restart", || (d.ranks()[0]["age_ms"].as_u64() > Some(40)).then_some(()));
     penalties(&d);
     assert_sane_metrics(&d);
@@ -336,9 +297,9 @@ fn absurd_prompt_tokens_from_a_frontend_do_not_crash_or_poison_least_tokens() {
     // Two absurd requests on each rank, then ordinary ones: the ranks are
     // equally (absurdly) loaded, so ordinary traffic still alternates.
     let r = c.call(json!({"v": 1, "op": "route", "n": 4, "prompt_tokens": max}));
-    assert_eq!(count(&r["ranks"], 2), [2, 2], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 2), [2, 2], "{r}");
     let r = c.call(json!({"v": 1, "op": "route", "n": 6, "prompt_tokens": 100}));
-    assert_eq!(count(&r["ranks"], 2), [3, 3], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 2), [3, 3], "{r}");
     // A tick has exported the books (gauges are refreshed on ticks).
     eventually("a tick exporting the placements", || {
         (d.metric("dpcoord_engine_requests{dp_rank=\"0\",state=\"pending\"}") == Some(5.0)).then_some(())
@@ -369,11 +330,11 @@ fn a_flapping_rank_stays_down_on_isolated_updates_and_the_epoch_moves_once_per_c
     ]);
     // readmit_updates is 2 (the default). Rank 0 publishes throughout.
     let _rank0 = Engine::start(&d.stats, false, 0, 1);
-    wait_status(&d, 0, "up");
+    d.wait_status(0, "up");
     let p = d.publisher();
     let mut seq = d.bring_up(&p, &[1]);
-    assert_eq!(state(&d)["epoch"], json!(2));
-    let epoch = |d: &Daemon| state(d)["epoch"].as_u64().unwrap();
+    assert_eq!(d.state()["epoch"], json!(2));
+    let epoch = |d: &Daemon| d.state()["epoch"].as_u64().unwrap();
     let stop = AtomicBool::new(false);
     let allowed = Mutex::new(vec![0, 1]);
     // Publishes one update per `waiting`, back to back; returns rank 1 once the last shows.
@@ -392,7 +353,7 @@ fn a_flapping_rank_stays_down_on_isolated_updates_and_the_epoch_moves_once_per_c
         let f = scope.spawn(|| frontend(&d, &stop, &allowed));
         for round in 0..2u64 {
             // Silent: down, one bump.
-            let s = wait_status(&d, 1, "down");
+            let s = d.wait_status(1, "down");
             assert_eq!(s["epoch"], json!(3 + 2 * round));
             *allowed.lock().unwrap() = vec![0];
             // Isolated updates (each more than stale_after_ms after the last): never readmitted.
@@ -419,7 +380,7 @@ fn a_flapping_rank_stays_down_on_isolated_updates_and_the_epoch_moves_once_per_c
         if e % 2 == 1 {
             assert_eq!(ranks, &[0, 0], "epoch {e}");
         } else {
-            assert_eq!(count(&json!(ranks), 2), [1, 1], "epoch {e}");
+            assert_eq!(per_rank(ranks, 2), [1, 1], "epoch {e}");
         }
     }
     assert_eq!(epoch(&d), 6);
@@ -442,7 +403,7 @@ fn resilient_frontend(ep: &str, stop: &AtomicBool, done: &AtomicU64) -> (u64, u6
     let (mut answered, mut retries) = (0, 0);
     while !stop.load(Ordering::Relaxed) {
         let id = answered;
-        let q = rmp_serde::to_vec_named(&json!({"v": 1, "op": "route", "id": id})).unwrap();
+        let q = encode(&json!({"v": 1, "op": "route", "id": id}));
         let started = std::time::Instant::now();
         let reply = loop {
             s.send(&q[..], 0).unwrap();
@@ -493,7 +454,7 @@ fn restart_case(signal: &str, engines_bind: bool) {
                 }
             })
             .collect();
-    let s = eventually("all ranks up", || Some(state(&d)).filter(|s| statuses(s) == json!(["up", "up", "up"])));
+    let s = eventually("all ranks up", || Some(d.state()).filter(|s| statuses(s) == json!(["up", "up", "up"])));
     assert_eq!(s["epoch"], json!(3));
 
     let stop = AtomicBool::new(false);
@@ -510,7 +471,7 @@ fn restart_case(signal: &str, engines_bind: bool) {
         }
         // The new dpcoord knows nothing, and has every rank up from the next stats.
         let s = eventually("all ranks up after the restart", || {
-            Some(state(&d)).filter(|s| statuses(s) == json!(["up", "up", "up"]))
+            Some(d.state()).filter(|s| statuses(s) == json!(["up", "up", "up"]))
         });
         assert_eq!(s["epoch"], json!(3), "a fresh epoch: one bump per rank");
         let after = done.load(Ordering::Relaxed);
@@ -522,7 +483,7 @@ fn restart_case(signal: &str, engines_bind: bool) {
     });
     println!("SIG{signal}, engines bind: {engines_bind}: (answered, retries) per frontend {results:?}");
     let r = d.client().call(json!({"v": 1, "op": "route", "n": 3}));
-    assert_eq!(count(&r["ranks"], 3), [1, 1, 1], "{r}");
+    assert_eq!(per_rank(&ranks_of(&r), 3), [1, 1, 1], "{r}");
     assert_eq!(d.stop().code(), Some(0));
 }
 

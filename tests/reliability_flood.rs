@@ -33,13 +33,7 @@ const STATS_CAP: u64 = 30_000;
 
 /// Liveness and pending expiry far out, so only what the test sends changes state.
 fn daemon() -> Daemon {
-    let d = Daemon::frozen(DP, &[]);
-    d.bring_up(&d.publisher(), &[0, 1, 3]);
-    d
-}
-
-fn map(pairs: &[(&str, M)]) -> Vec<u8> {
-    msgpack(&M::Map(pairs.iter().map(|(k, v)| (M::from(*k), v.clone())).collect()))
+    Daemon::frozen_up(DP, &[0, 1, 3])
 }
 
 /// The `n` placements the user rotation over [`UP`] gives from position `at`.
@@ -101,11 +95,7 @@ fn common_junk(rng: &mut SmallRng, k: u64, valid: &[u8]) -> Junk {
 
 /// Garbage for the route socket: undecodable or refused with each error code.
 fn route_junk(rng: &mut SmallRng, k: u64) -> Junk {
-    let q = |extra: &[(&str, M)]| {
-        let mut p = vec![("v", M::from(1)), ("op", M::from("route")), ("id", M::from(k))];
-        p.extend_from_slice(extra);
-        map(&p)
-    };
+    let q = |extra: &[(&str, M)]| query("route", k, extra);
     let refused = |body, code| Junk { body: vec![body], code };
     if k % 512 == 0 {
         return refused(q(&[("pad", M::Binary(vec![0; 70_000]))]), "too_large");
@@ -122,11 +112,7 @@ fn route_junk(rng: &mut SmallRng, k: u64) -> Junk {
 
 /// Garbage for the health socket.
 fn health_junk(rng: &mut SmallRng, k: u64) -> Junk {
-    let q = |op: &str, extra: &[(&str, M)]| {
-        let mut p = vec![("v", M::from(1)), ("op", M::from(op)), ("id", M::from(k))];
-        p.extend_from_slice(extra);
-        map(&p)
-    };
+    let q = |op: &str, extra: &[(&str, M)]| query(op, k, extra);
     let refused = |body, code| Junk { body: vec![body], code };
     match k % 10 {
         6 => refused(map(&[("v", 0.into()), ("op", "health_route".into())]), "unsupported_version"),
@@ -152,9 +138,7 @@ fn junk_dealer(ep: &str, until: Instant, seed: u64, make: fn(&mut SmallRng, u64)
         for _ in 0..WINDOW {
             let junk = make(&mut rng, k);
             k += 1;
-            let mut frames = vec![Vec::new()];
-            frames.extend(junk.body);
-            s.send_multipart(frames, 0).unwrap();
+            dealer_send(&s, junk.body);
             expect.push_back(junk.code);
         }
         while let Some(code) = expect.pop_front() {
@@ -184,13 +168,7 @@ fn subscribed_publisher(d: &Daemon, rank: u32, mut seq: u64) -> zmq::Socket {
     p.set_sndhwm(0).unwrap();
     p.set_linger(0).unwrap();
     p.connect(&d.stats).unwrap();
-    let marker = [20 + u64::from(rank), 0, 0, 0, 0];
-    eventually("the publisher's subscription", || {
-        p.send(rmp_serde::to_vec_named(&update(rank, 1, seq, marker)).unwrap(), 0).unwrap();
-        seq += 1;
-        std::thread::sleep(Duration::from_millis(10));
-        (d.ranks()[rank as usize]["counts"] == json!(marker)).then_some(())
-    });
+    d.publish_until_shown(&p, rank, &mut seq, [20 + u64::from(rank), 0, 0, 0, 0]);
     p
 }
 
@@ -198,7 +176,7 @@ fn subscribed_publisher(d: &Daemon, rank: u32, mut seq: u64) -> zmq::Socket {
 /// [`STATS_CAP`]); returns the socket and the tally.
 fn junk_publisher(p: zmq::Socket, until: Instant, seed: u64) -> (zmq::Socket, StatsJunk) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let valid = rmp_serde::to_vec_named(&update(0, 1, 1, [0; 5])).unwrap();
+    let valid = encode(&update(0, 1, 1, [0; 5]));
     let mut t = StatsJunk::default();
     let mut k = 0u64;
     while Instant::now() < until && k < STATS_CAP {
@@ -209,31 +187,23 @@ fn junk_publisher(p: zmq::Socket, until: Instant, seed: u64) -> (zmq::Socket, St
             1 => send(&truncated(&mut rng, &valid)),
             2 => send(&huge_prefix(k / 9)),
             3 => p.send_multipart([&valid[..], &valid[..]], 0).unwrap(),
-            4 => send(&map(&[("v", 1.into()), ("rank", 0.into()), ("boot", 1.into()), ("seq", k.into())])),
-            5 => send(&msgpack(&M::Map(vec![
-                ("v".into(), 1.into()),
-                ("rank".into(), 1.into()),
-                ("boot".into(), 1.into()),
-                ("seq".into(), (k + 1_000_000).into()),
-                ("counts".into(), M::Array(vec![0.into(); 5])),
-                ("ttft_ms".into(), f64::NAN.into()),
-            ]))),
+            4 => send(&Update::new(0, 1, k).without("counts").bytes()),
+            5 => send(&Update::new(1, 1, k + 1_000_000).ttft(f64::NAN).bytes()),
             6 => {
                 let rank = [2i64 + 2, -1, 1 << 40][k as usize % 3];
-                let u = json!({"v": 1, "rank": rank, "boot": 1, "seq": k, "counts": [0, 0, 0, 0, 0]});
-                send(&rmp_serde::to_vec_named(&u).unwrap());
+                send(&encode(&Update::new(rank, 1, k).value()));
                 t.unknown_rank += 1;
                 continue;
             }
             7 => {
                 // Boot 0 is older than the ranks' boot 1.
-                send(&rmp_serde::to_vec_named(&update(UP[k as usize % 3] as u32, 0, k, [0; 5])).unwrap());
+                send(&encode(&update(UP[k as usize % 3] as u32, 0, k, [0; 5])));
                 t.stale += 1;
                 continue;
             }
             _ => {
                 // seq 1 of boot 1 was accepted long ago.
-                send(&rmp_serde::to_vec_named(&update(0, 1, 1, [0; 5])).unwrap());
+                send(&encode(&update(0, 1, 1, [0; 5])));
                 t.stale += 1;
                 continue;
             }
@@ -263,20 +233,10 @@ fn counters(d: &Daemon) -> BTreeMap<String, f64> {
     names
         .into_iter()
         .map(|n| {
-            let v = body.lines().find_map(|l| l.strip_prefix(&n)?.strip_prefix(' ')?.parse().ok());
-            let v = v.unwrap_or_else(|| panic!("no series {n}"));
+            let v = series(&body, &n).unwrap_or_else(|| panic!("no series {n}"));
             (n, v)
         })
         .collect()
-}
-
-/// Sets the flag when dropped, so helper threads end even if an assert fails.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 #[test]
@@ -341,7 +301,7 @@ fn garbage_on_all_three_sockets_moves_no_real_answer_and_is_counted_exactly() {
     let next_seq = 1_000;
     for (i, (p, _)) in stats.iter().enumerate() {
         let rank = UP[i] as u32;
-        p.send(rmp_serde::to_vec_named(&update(rank, 1, next_seq, [40 + i as u64, 0, 0, 0, 0])).unwrap(), 0).unwrap();
+        p.send(encode(&update(rank, 1, next_seq, [40 + i as u64, 0, 0, 0, 0])), 0).unwrap();
     }
     for (i, &rank) in UP.iter().enumerate().take(stats.len()) {
         d.await_counts(rank as u32, [40 + i as u64, 0, 0, 0, 0]);
@@ -360,8 +320,7 @@ fn garbage_on_all_three_sockets_moves_no_real_answer_and_is_counted_exactly() {
         add("dpcoord_stats_messages_total{result=\"unknown_rank\"}".into(), t.unknown_rank as f64);
         add("dpcoord_stats_messages_total{result=\"ok\"}".into(), 1.0);
     }
-    let mut placed = [0u64; 4];
-    rotation(0, user_placed).iter().for_each(|&r| placed[r as usize] += 1);
+    let placed = per_rank(&rotation(0, user_placed), 4);
     for (r, &n) in placed.iter().enumerate() {
         add(format!("dpcoord_routed_total{{class=\"user\",dp_rank=\"{r}\"}}"), n as f64);
         let probes = (0..health_answers as usize).filter(|&i| UP[i % 3] == r as u64).count();
@@ -372,12 +331,10 @@ fn garbage_on_all_three_sockets_moves_no_real_answer_and_is_counted_exactly() {
     println!("garbage queries answered: {sent}; stats garbage: {:?}", stats.iter().map(|s| &s.1).collect::<Vec<_>>());
 
     // The books: routed is exactly the real placements; epoch and statuses unmoved.
-    let s = d.client().call(json!({"v": 1, "op": "state"}));
+    let s = d.state();
     assert_eq!(s["epoch"], json!(3));
-    let statuses: Vec<&Value> = s["ranks"].as_array().unwrap().iter().map(|r| &r["status"]).collect();
-    assert_eq!(statuses, [&json!("up"), &json!("up"), &json!("unknown"), &json!("up")]);
-    let routed: Vec<u64> = d.routed_pending().iter().map(|&(r, _)| r).collect();
-    assert_eq!(routed, placed);
+    assert_eq!(statuses(&s), json!(["up", "up", "unknown", "up"]));
+    assert_eq!(d.routed(), placed);
     assert_eq!(d.stop().code(), Some(0));
 }
 
@@ -424,11 +381,10 @@ fn dealers_that_never_read_lose_their_own_replies_and_hold_up_no_one() {
     });
 
     // Every pin was placed (the two route peers), each once.
-    let mut want: Vec<u64> =
-        (0..4).map(|r| rotation(0, user_placed).iter().filter(|&&x| x == r).count() as u64).collect();
+    let mut want = per_rank(&rotation(0, user_placed), 4);
     want[3] += 2 * SENT;
     eventually("every pin placed", || {
-        let routed: Vec<u64> = d.routed_pending().iter().map(|&(r, _)| r).collect();
+        let routed = d.routed();
         assert!(routed[3] <= want[3], "more placements than queries: {routed:?}");
         (routed == want).then_some(())
     });
@@ -494,15 +450,14 @@ fn sixty_four_frontends_are_all_answered_and_split_exactly_evenly() {
     });
     let all: Vec<u64> = answers.concat();
     assert_eq!(all.len() as u64, FRONTENDS * K);
-    let per_rank: Vec<u64> = (0..4).map(|r| all.iter().filter(|&&x| x == r).count() as u64).collect();
+    let placed = per_rank(&all, 4);
     let even = FRONTENDS * K / 3;
-    assert_eq!(per_rank, [even, even, 0, even]);
-    let routed: Vec<u64> = d.routed_pending().iter().map(|&(r, _)| r).collect();
-    assert_eq!(routed, per_rank);
+    assert_eq!(placed, [even, even, 0, even]);
+    assert_eq!(d.routed(), placed);
     let m = counters(&d);
     let delta = |name: &str| m[name] - base[name];
     assert_eq!(delta("dpcoord_route_errors_total{code=\"bad_request\"}"), (FRONTENDS * BAD) as f64);
-    for (r, &n) in per_rank.iter().enumerate() {
+    for (r, &n) in placed.iter().enumerate() {
         let name = format!("dpcoord_routed_total{{class=\"user\",dp_rank=\"{r}\"}}");
         assert_eq!(delta(&name), n as f64, "{name}");
     }

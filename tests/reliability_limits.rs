@@ -8,9 +8,8 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,10 +18,6 @@ use serde_json::{json, Value};
 
 /// The limit these tests configure (the smallest allowed is 256).
 const LIMIT: usize = 1024;
-
-fn map(pairs: &[(&str, M)]) -> Vec<u8> {
-    msgpack(&M::Map(pairs.iter().map(|(k, v)| (M::from(*k), v.clone())).collect()))
-}
 
 /// `pairs` plus a binary `pad` making the encoding exactly `len` bytes.
 fn padded(pairs: &[(&str, M)], len: usize) -> Vec<u8> {
@@ -46,24 +41,6 @@ fn limited(dir: &tempfile::TempDir, extra: &[&str]) -> Daemon {
     Daemon::frozen("2", &args)
 }
 
-/// A dpcoord spawned without the harness, killed if the test ends early.
-struct Spawned(Child);
-
-impl Spawned {
-    /// SIGTERM, then the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-        eventually("dpcoord exits", || self.0.try_wait().unwrap())
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn malformed(d: &Daemon) -> f64 {
     d.metric("dpcoord_stats_messages_total{result=\"malformed\"}").unwrap()
 }
@@ -83,10 +60,7 @@ fn a_configured_max_message_bytes_is_enforced_on_route_health_and_stats() {
     assert_eq!(d.metric("dpcoord_route_errors_total{code=\"too_large\"}"), Some(2.0));
 
     // Stats: an update of exactly the limit is applied.
-    let stats = |seq: u64, waiting: u64| {
-        let counts = M::Array([waiting, 0, 0, 0, 0].iter().map(|&c| M::from(c)).collect());
-        vec![("v", M::from(1)), ("rank", 0.into()), ("boot", 1.into()), ("seq", seq.into()), ("counts", counts)]
-    };
+    let stats = |seq: u64, waiting: u64| Update::new(0, 1, seq).counts([waiting, 0, 0, 0, 0]).pairs();
     let before = malformed(&d);
     p.send_raw(&padded(&stats(seq, 1), LIMIT));
     d.await_counts(0, [1, 0, 0, 0, 0]);
@@ -101,13 +75,7 @@ fn a_configured_max_message_bytes_is_enforced_on_route_health_and_stats() {
     // closed without dpcoord seeing the update (not counted); the publisher
     // reconnects by itself and later updates apply.
     p.send_raw(&padded(&stats(seq + 200, 9), 16 * LIMIT + 1));
-    let mut s = seq + 2;
-    eventually("a valid update after the one beyond the backstop", || {
-        p.send(&update(0, 1, s, [3, 0, 0, 0, 0]));
-        s += 1;
-        std::thread::sleep(Duration::from_millis(10));
-        (d.ranks()[0]["counts"] == json!([3, 0, 0, 0, 0])).then_some(())
-    });
+    d.publish_until_shown(p.socket(), 0, &mut (seq + 2), [3, 0, 0, 0, 0]);
     assert_eq!(malformed(&d), before + 1.0);
 }
 
@@ -122,23 +90,8 @@ fn connected_engine(dir: &tempfile::TempDir) -> (Daemon, zmq::Socket, u64) {
     p.set_linger(0).unwrap();
     p.bind(&engine).unwrap();
     let mut seq = 1;
-    eventually("rank 0 up through the connected link", || {
-        p.send(rmp_serde::to_vec_named(&update(0, 1, seq, [1, 0, 0, 0, 0])).unwrap(), 0).unwrap();
-        seq += 1;
-        std::thread::sleep(Duration::from_millis(10));
-        (d.ranks()[0]["counts"] == json!([1, 0, 0, 0, 0])).then_some(())
-    });
+    d.publish_until_shown(&p, 0, &mut seq, [1, 0, 0, 0, 0]);
     (d, p, seq)
-}
-
-/// Publishes `update(0, 1, seq.., [waiting, ..])` until it shows (a lost link fails here).
-fn until_applied(d: &Daemon, p: &zmq::Socket, seq: &mut u64, waiting: u64) {
-    eventually(&format!("an update with waiting {waiting} through the connected link"), || {
-        p.send(rmp_serde::to_vec_named(&update(0, 1, *seq, [waiting, 0, 0, 0, 0])).unwrap(), 0).unwrap();
-        *seq += 1;
-        std::thread::sleep(Duration::from_millis(10));
-        (d.ranks()[0]["counts"] == json!([waiting, 0, 0, 0, 0])).then_some(())
-    });
 }
 
 #[test]
@@ -148,10 +101,11 @@ fn an_oversized_update_from_an_engine_dpcoord_connects_to_is_dropped_and_the_lin
     let dir = tempfile::tempdir().unwrap();
     let (d, p, mut seq) = connected_engine(&dir);
     let before = malformed(&d);
-    let big = [("v", M::from(1)), ("rank", 0.into()), ("boot", 1.into()), ("seq", (seq + 100).into())];
+    let big = Update::new(0, 1, seq + 100).without("counts").pairs();
     p.send(padded(&big, LIMIT + 1), 0).unwrap();
     p.send(padded(&big, 16 * LIMIT), 0).unwrap();
-    until_applied(&d, &p, &mut seq, 2);
+    // A lost link fails here.
+    d.publish_until_shown(&p, 0, &mut seq, [2, 0, 0, 0, 0]);
     assert_eq!(malformed(&d), before + 2.0);
     assert_eq!(d.ranks()[0]["status"], json!("up"));
 }
@@ -163,9 +117,10 @@ fn an_update_beyond_the_backstop_from_an_engine_dpcoord_connects_to_does_not_cut
     // limit on these links the engine's rank would go down for good.
     let dir = tempfile::tempdir().unwrap();
     let (d, p, mut seq) = connected_engine(&dir);
-    let big = [("v", M::from(1)), ("rank", 0.into()), ("boot", 1.into()), ("seq", (seq + 100).into())];
+    let big = Update::new(0, 1, seq + 100).without("counts").pairs();
     p.send(padded(&big, 16 * LIMIT + 1), 0).unwrap();
-    until_applied(&d, &p, &mut seq, 2);
+    // A lost link fails here.
+    d.publish_until_shown(&p, 0, &mut seq, [2, 0, 0, 0, 0]);
 }
 
 #[test]
@@ -176,8 +131,8 @@ fn a_stats_allowlist_guards_the_bind_and_not_the_engines_dpcoord_connects_to() {
     let (bind, engine) = (format!("tcp://127.0.0.1:{}", free_port()), format!("tcp://127.0.0.1:{}", free_port()));
     let cfg = dir.path().join("allow.toml");
     std::fs::write(&cfg, format!("[server]\nstats_bind = \"{bind}\"\nstats_allow = [\"127.0.0.2\"]\n")).unwrap();
-    let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let ep = |name: &str| ipc(&dir, name);
+    let metrics = free_addr();
     let child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
         .args(["--config", cfg.to_str().unwrap(), "--dp-size", "2", "--stats-connect", &engine])
         .args(["--route-bind", &ep("route"), "--health-bind", &ep("health"), "--metrics-bind", &metrics.to_string()])
@@ -185,7 +140,7 @@ fn a_stats_allowlist_guards_the_bind_and_not_the_engines_dpcoord_connects_to() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let child = Spawned(child);
+    let child = Spawned::from(child);
     let ctx = zmq::Context::new();
     let c = Client::connect(&ctx, &ep("route"));
     let publisher = |connect: bool, ep: &str| {
@@ -196,22 +151,14 @@ fn a_stats_allowlist_guards_the_bind_and_not_the_engines_dpcoord_connects_to() {
     };
     // Rank 0's engine binds; dpcoord connects to it: not subject to the allowlist.
     let linked = publisher(false, &engine);
-    let mut seq = 0;
-    eventually("rank 0 up through the link dpcoord opened", || {
-        seq += 1;
-        linked.send(rmp_serde::to_vec_named(&update(0, 1, seq, [0; 5])).unwrap(), 0).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        (c.call(json!({"v": 1, "op": "state"}))["ranks"][0]["status"] == "up").then_some(())
+    publish_until("rank 0 up through the link dpcoord opened", &linked, 0, &mut 1, [0; 5], || {
+        c.call(json!({"v": 1, "op": "state"}))["ranks"][0]["status"] == "up"
     });
     // Rank 1's publisher connects to the bind from 127.0.0.1, which is not listed: refused.
     let refused = publisher(true, &bind);
-    let denied = || {
-        let (_, body) = http(metrics, "GET", "/metrics");
-        let series = "dpcoord_access_denied_total{socket=\"stats\"} ";
-        body.lines().find_map(|l| l.strip_prefix(series)?.parse::<f64>().ok()).unwrap()
-    };
+    let denied = || metric(metrics, "dpcoord_access_denied_total{socket=\"stats\"}").unwrap();
     eventually("the refused publisher counted", || {
-        refused.send(rmp_serde::to_vec_named(&update(1, 1, 1, [0; 5])).unwrap(), 0).unwrap();
+        refused.send(encode(&update(1, 1, 1, [0; 5])), 0).unwrap();
         std::thread::sleep(Duration::from_millis(10));
         (denied() >= 1.0).then_some(())
     });
@@ -237,7 +184,7 @@ fn a_query_beyond_the_libzmq_backstop_costs_only_its_sender_the_connection() {
     let mut k = 0;
     let first = eventually("the DEALER served again", || {
         k += 1;
-        let ping = rmp_serde::to_vec_named(&json!({"v": 1, "op": "ping", "id": k})).unwrap();
+        let ping = encode(&json!({"v": 1, "op": "ping", "id": k}));
         s.send_multipart([&b""[..], &ping[..]], 0).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         s.recv_multipart(zmq::DONTWAIT).ok()
@@ -257,8 +204,7 @@ fn sigterm_with_queries_in_flight_answers_every_one_and_exits_zero_within_two_se
     const DEALERS: usize = 4;
     /// Outstanding queries per DEALER (below the 1000-message high-water mark).
     const WINDOW: usize = 256;
-    let d = Daemon::frozen("4", &[]);
-    d.bring_up(&d.publisher(), &[0, 1, 2, 3]);
+    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
     let route = d.route.clone();
     let halt = AtomicBool::new(false);
     let (sent, answered) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -286,7 +232,7 @@ fn sigterm_with_queries_in_flight_answers_every_one_and_exits_zero_within_two_se
                 p.set_linger(0).unwrap();
                 p.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
                 p.connect(&route).unwrap();
-                let q = rmp_serde::to_vec_named(&json!({"v": 1, "op": "route", "n": 8})).unwrap();
+                let q = encode(&json!({"v": 1, "op": "route", "n": 8}));
                 while !halt.load(Ordering::SeqCst) {
                     let mut out = 0;
                     while out < WINDOW && !halt.load(Ordering::SeqCst) {
@@ -330,17 +276,6 @@ fn sigterm_exits_within_two_seconds_even_with_a_stalled_http_client() {
     drop(stalled);
 }
 
-/// Spawns the binary with `RUST_LOG=warn`, JSON logs and stderr captured line by line.
-fn spawn_warn_logging(dir: &tempfile::TempDir, args: &[&str]) -> (Spawned, mpsc::Receiver<String>) {
-    let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-    let (route, health, stats) = (ep("route"), ep("health"), ep("stats"));
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let endpoints =
-        ["--route-bind", &route, "--health-bind", &health, "--stats-bind", &stats, "--metrics-bind", &metrics];
-    let (child, rx) = spawn_with_stderr(&[&endpoints[..], &["--log-format", "json"], args].concat(), "warn");
-    (Spawned(child), rx)
-}
-
 /// The three causes of a dropped update, and for each a flood message and a
 /// distinguishable probe (its `reason` differs from the flood's).
 const CAUSES: [&str; 3] = ["malformed", "stale", "unknown_rank"];
@@ -348,16 +283,16 @@ const CAUSES: [&str; 3] = ["malformed", "stale", "unknown_rank"];
 fn flood_message(cause: usize, k: u64) -> Vec<u8> {
     match cause {
         0 => vec![0xc1, k as u8],
-        1 => rmp_serde::to_vec_named(&update(0, 0, k, [0; 5])).unwrap(),
-        _ => rmp_serde::to_vec_named(&update(9, 1, k, [0; 5])).unwrap(),
+        1 => encode(&update(0, 0, k, [0; 5])),
+        _ => encode(&update(9, 1, k, [0; 5])),
     }
 }
 
 fn probe_message(cause: usize) -> Vec<u8> {
     match cause {
         0 => map(&[("v", 1.into()), ("rank", 0.into())]),
-        1 => rmp_serde::to_vec_named(&update(0, 1, 1, [0; 5])).unwrap(),
-        _ => rmp_serde::to_vec_named(&update(7, 1, 1, [0; 5])).unwrap(),
+        1 => encode(&update(0, 1, 1, [0; 5])),
+        _ => encode(&update(7, 1, 1, [0; 5])),
     }
 }
 
@@ -374,22 +309,17 @@ fn is_probe(cause: usize, reason: &str) -> bool {
 fn a_flood_of_bad_stats_logs_at_most_one_line_per_second_per_cause_and_counts_every_drop() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let mut args = vec!["--dp-size", "2"];
-    args.extend_from_slice(&FROZEN);
-    let (child, lines) = spawn_warn_logging(&dir, &args);
+    let args = [&["--log-format", "json", "--dp-size", "2"][..], &FROZEN].concat();
+    let (child, lines) = spawn_on_ipc(&dir, &args, "warn");
     let ctx = zmq::Context::new();
-    let c = Client::connect(&ctx, &format!("ipc://{}/route", dir.path().display()));
+    let c = Client::connect(&ctx, &ipc(&dir, "route"));
     let p = ctx.socket(zmq::PUB).unwrap();
     p.set_sndhwm(0).unwrap();
     p.set_linger(0).unwrap();
-    p.connect(&format!("ipc://{}/stats", dir.path().display())).unwrap();
+    p.connect(&ipc(&dir, "stats")).unwrap();
     // Rank 0 up at boot 1 (so boot 0 is stale); the subscription is in place.
-    let mut seq = 1;
-    eventually("rank 0 up", || {
-        seq += 1;
-        p.send(rmp_serde::to_vec_named(&update(0, 1, seq, [0; 5])).unwrap(), 0).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        (c.call(json!({"v": 1, "op": "state"}))["ranks"][0]["status"] == "up").then_some(())
+    publish_until("rank 0 up", &p, 0, &mut 2, [0; 5], || {
+        c.call(json!({"v": 1, "op": "state"}))["ranks"][0]["status"] == "up"
     });
 
     let mut sent = [0u64; 3];

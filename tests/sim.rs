@@ -2,12 +2,14 @@
 //! simulated engines, frontends and a prober. With `round_robin` a run is
 //! exactly reproducible (one event loop in virtual time), so the health
 //! matrix is checked to the last digit.
+mod common;
 
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::wait_or_kill;
 use dpcoord::config::PolicyKind;
 
 /// Longest any one run may take.
@@ -40,17 +42,7 @@ fn sim(out: &Path, args: &[&str]) -> Run {
     };
     let stdout = reader(Box::new(child.stdout.take().unwrap()));
     let stderr = reader(Box::new(child.stderr.take().unwrap()));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            panic!("dpcoord sim {args:?} did not finish within {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_or_kill(&mut child, DEADLINE, &format!("dpcoord sim {args:?}"));
     Run { code: status.code(), stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
