@@ -1,16 +1,41 @@
-//! The health dispatch channel.
+//! The health channel: probes get ranks and report outcomes here.
 //!
-//! **Isolation by construction:** everything here takes the engine table and
-//! the health channel's own cursor, never the user dispatcher, so a health
-//! query cannot move the user round-robin position, `routed`, `pending`,
-//! sessions or dispatch counters. `health_report` reaches the engine table's
-//! penalty input, which is a fact about the rank, not user bookkeeping.
+//! **Isolation by type.** This module sees the engine table only through a
+//! [`HealthHandle`] (read the table; record a probe's outcome) and keeps its
+//! own cursor. The user dispatcher, the placement ledgers and sessions are
+//! private to `crate::routing`, so this module cannot even name them:
+//!
+//! ```compile_fail,E0603
+//! // The user side is private to `routing`: no path reaches it from here.
+//! use dpcoord::routing::user::UserDispatcher;
+//! ```
+//!
+//! ```compile_fail,E0603
+//! use dpcoord::routing::ledger::Ledger;
+//! ```
+//!
+//! What a health result may influence, exactly: a failed `health_report`
+//! adds `penalty.health_failure` to the rank's health score (halving every
+//! `health_half_life_ms`), which enters the rank's penalty on the next tick.
+//! The penalty multiplies the cost under `least_load`, `least_tokens` and
+//! `power_of_two` (so it moves their placements) and counts in the session
+//! overload check; `round_robin` ignores it. A health result never changes
+//! liveness, the epoch, the user cursor, `routed`, `pending` or sessions.
 
 use std::time::Instant;
 
-use crate::engines::EngineTable;
-use crate::routing::policy::picker as policy;
-use crate::wire::{ErrorCode, Target, WireError};
+use crate::engines::routable::{check_fixed, next_routable};
+use crate::engines::{HealthHandle, Unroutable};
+use crate::wire::Probe;
+
+/// What a probe did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// `health_route` got this rank.
+    Routed(u32),
+    /// `health_report` was recorded.
+    Recorded,
+}
 
 /// The health channel's own round-robin position.
 #[derive(Debug, Default)]
@@ -18,66 +43,72 @@ pub struct HealthDispatcher {
     cursor: u32,
 }
 
-/// Checks that a pinned or room rank can take traffic.
-pub fn check_fixed(engines: &EngineTable, rank: u32, target: Target) -> Result<u32, WireError> {
-    if engines.is_routable(rank) {
-        return Ok(rank);
-    }
-    let why = match target {
-        Target::Room(room) => format!("bootstrap_room {room} maps to rank {rank}, which"),
-        _ => format!("rank {rank}"),
-    };
-    let status = engines.get(rank).status.as_str();
-    Err(WireError::new(
-        ErrorCode::RankUnavailable,
-        format!("{why} is {status}, not routable; try again later or drop the pin"),
-    ))
-}
-
-pub fn no_engine(engines: &EngineTable) -> WireError {
-    WireError::new(
-        ErrorCode::NoEngineAvailable,
-        format!(
-            "no routable rank: none of the {} ranks is up or stale; check that engines publish stats",
-            engines.dp_size()
-        ),
-    )
-}
-
 impl HealthDispatcher {
-    /// Picks the rank for one health probe. Only the policy form advances the cursor.
-    pub fn route(&mut self, target: Target, engines: &EngineTable) -> Result<u32, WireError> {
-        if let Some(rank) = target.fixed_rank(engines.dp_size()) {
-            return check_fixed(engines, rank, target);
+    /// Serves one probe. Only a `health_route` left to the policy advances
+    /// the cursor; a refusal changes nothing.
+    pub fn serve(&mut self, probe: Probe, mut engines: HealthHandle<'_>, now: Instant) -> Result<Served, Unroutable> {
+        match probe {
+            Probe::Route(target) => {
+                let table = engines.engines();
+                if let Some(rank) = target.fixed_rank(table.dp_size()) {
+                    return check_fixed(table, rank, target).map(Served::Routed);
+                }
+                let rank = next_routable(table, self.cursor)?;
+                self.cursor = (rank + 1) % table.dp_size();
+                Ok(Served::Routed(rank))
+            }
+            Probe::Report { rank, ok } => {
+                engines.record(rank, ok, now);
+                Ok(Served::Recorded)
+            }
         }
-        let rank = policy::round_robin(self.cursor, engines).ok_or_else(|| no_engine(engines))?;
-        self.cursor = (rank + 1) % engines.dp_size();
-        Ok(rank)
     }
-}
 
-/// Records a probe's outcome (the rank was range-checked by the decoder).
-pub fn report(engines: &mut EngineTable, rank: u32, ok: bool, now: Instant) {
-    engines.record_health_report(rank, ok, now);
+    /// Keeps the cursor within `dp_size` ranks.
+    pub fn resize(&mut self, dp_size: u32) {
+        self.cursor = self.cursor.checked_rem(dp_size).unwrap_or(0);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::policy::picker::tests::table_with_up;
+    use crate::engines::testing::table_with_up;
+    use crate::engines::{EngineTable, Target};
+
+    fn route(h: &mut HealthDispatcher, t: &mut EngineTable, target: Target) -> Result<u32, Unroutable> {
+        match h.serve(Probe::Route(target), t.health_handle(), Instant::now())? {
+            Served::Routed(rank) => Ok(rank),
+            Served::Recorded => unreachable!("a route probe routes"),
+        }
+    }
 
     #[test]
     fn own_rotation_over_routable_ranks_pins_do_not_advance() {
-        let t = table_with_up(4, &[0, 2, 3]);
+        let mut t = table_with_up(4, &[0, 2, 3]);
         let mut h = HealthDispatcher::default();
-        let got: Vec<u32> = (0..4).map(|_| h.route(Target::Policy, &t).unwrap()).collect();
+        let got: Vec<u32> = (0..4).map(|_| route(&mut h, &mut t, Target::Policy).unwrap()).collect();
         assert_eq!(got, [0, 2, 3, 0]);
-        assert_eq!(h.route(Target::Pinned(3), &t), Ok(3));
-        assert_eq!(h.route(Target::Room(6), &t), Ok(2));
-        assert_eq!(h.route(Target::Policy, &t), Ok(2));
-        assert_eq!(h.route(Target::Pinned(1), &t).unwrap_err().code, ErrorCode::RankUnavailable);
-        assert_eq!(h.route(Target::Room(5), &t).unwrap_err().code, ErrorCode::RankUnavailable);
-        let empty = table_with_up(4, &[]);
-        assert_eq!(h.route(Target::Policy, &empty).unwrap_err().code, ErrorCode::NoEngineAvailable);
+        assert_eq!(route(&mut h, &mut t, Target::Pinned(3)), Ok(3));
+        assert_eq!(route(&mut h, &mut t, Target::Room(6)), Ok(2));
+        assert_eq!(route(&mut h, &mut t, Target::Policy), Ok(2));
+        assert!(matches!(route(&mut h, &mut t, Target::Pinned(1)), Err(Unroutable::Rank { rank: 1, .. })));
+        assert!(matches!(route(&mut h, &mut t, Target::Room(5)), Err(Unroutable::Rank { rank: 1, .. })));
+        let mut empty = table_with_up(4, &[]);
+        assert_eq!(route(&mut h, &mut empty, Target::Policy), Err(Unroutable::NoEngine { dp_size: 4 }));
+    }
+
+    #[test]
+    fn a_failed_report_raises_only_that_ranks_penalty_on_the_next_tick() {
+        let mut t = table_with_up(2, &[0, 1]);
+        let mut h = HealthDispatcher::default();
+        let now = Instant::now();
+        let epoch = t.epoch();
+        assert_eq!(h.serve(Probe::Report { rank: 1, ok: false }, t.health_handle(), now), Ok(Served::Recorded));
+        assert_eq!(t.get(1).penalty, 0.0);
+        t.tick(now);
+        assert_eq!((t.get(0).penalty, t.get(1).penalty), (0.0, 1.0));
+        // Liveness and the epoch are not a health result's to change.
+        assert_eq!((t.get(1).status.is_routable(), t.epoch()), (true, epoch));
     }
 }

@@ -4,11 +4,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::io::daemon::Daemon;
 use dpcoord::io::http;
 
+/// The command's own arguments; the config flags (`--dp-size`, ...) are
+/// added from the key specs by [`command_line`].
 #[derive(Parser, Debug)]
 #[command(
     name = "dpcoord",
@@ -22,42 +24,6 @@ struct Cli {
     /// TOML config file; flags override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Number of DP ranks (engines.dp_size).
-    #[arg(long, value_name = "N")]
-    dp_size: Option<i64>,
-    /// User routing policy (routing.policy).
-    #[arg(long, value_name = "NAME")]
-    policy: Option<String>,
-    /// ROUTER endpoint for routing queries (server.route_bind).
-    #[arg(long, value_name = "EP")]
-    route_bind: Option<String>,
-    /// ROUTER endpoint for health queries (server.health_bind).
-    #[arg(long, value_name = "EP")]
-    health_bind: Option<String>,
-    /// SUB bind endpoint for engine stats, "" to disable (server.stats_bind).
-    #[arg(long, value_name = "EP")]
-    stats_bind: Option<String>,
-    /// Engine PUB endpoint to connect to; repeatable (server.stats_connect).
-    #[arg(long = "stats-connect", value_name = "EP")]
-    stats_connect: Vec<String>,
-    /// HTTP listener for metrics and probes (server.metrics_bind).
-    #[arg(long, value_name = "HOST:PORT")]
-    metrics_bind: Option<String>,
-    /// Tick period in ms (routing.tick_ms).
-    #[arg(long, value_name = "MS")]
-    tick_ms: Option<i64>,
-    /// engines.stale_after_ms
-    #[arg(long, value_name = "MS")]
-    stale_after_ms: Option<i64>,
-    /// engines.down_after_ms
-    #[arg(long, value_name = "MS")]
-    down_after_ms: Option<i64>,
-    /// routing.pending_ttl_ms
-    #[arg(long, value_name = "MS")]
-    pending_ttl_ms: Option<i64>,
-    /// text or json (server.log_format).
-    #[arg(long, value_name = "FORMAT")]
-    log_format: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -78,44 +44,22 @@ fn read_file(path: &PathBuf) -> Result<toml::Table, ConfigError> {
     Config::parse_toml(&text)
 }
 
-impl Cli {
-    /// The file's table with every given flag folded in.
-    fn table(&self) -> Result<toml::Table, ConfigError> {
-        let mut t = match &self.config {
-            Some(path) => read_file(path)?,
-            None => toml::Table::new(),
-        };
-        let ints = [
-            ("engines", "dp_size", self.dp_size),
-            ("routing", "tick_ms", self.tick_ms),
-            ("engines", "stale_after_ms", self.stale_after_ms),
-            ("engines", "down_after_ms", self.down_after_ms),
-            ("routing", "pending_ttl_ms", self.pending_ttl_ms),
-        ];
-        for (section, key, value) in ints {
-            if let Some(v) = value {
-                config::set(&mut t, section, key, toml::Value::Integer(v));
-            }
-        }
-        let strings = [
-            ("routing", "policy", &self.policy),
-            ("server", "route_bind", &self.route_bind),
-            ("server", "health_bind", &self.health_bind),
-            ("server", "stats_bind", &self.stats_bind),
-            ("server", "metrics_bind", &self.metrics_bind),
-            ("server", "log_format", &self.log_format),
-        ];
-        for (section, key, value) in strings {
-            if let Some(v) = value {
-                config::set(&mut t, section, key, toml::Value::String(v.clone()));
-            }
-        }
-        if !self.stats_connect.is_empty() {
-            let eps = self.stats_connect.iter().cloned().map(toml::Value::String).collect();
-            config::set(&mut t, "server", "stats_connect", toml::Value::Array(eps));
-        }
-        Ok(t)
-    }
+/// Parses the command line: the command's own arguments and the config flags.
+fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
+    let mut cmd = Cli::command().args(config::flags());
+    let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    Ok((cli, matches))
+}
+
+/// The file's table with every given flag folded in.
+fn table(cli: &Cli, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
+    let mut t = match &cli.config {
+        Some(path) => read_file(path)?,
+        None => toml::Table::new(),
+    };
+    config::fold_flags(matches, &mut t);
+    Ok(t)
 }
 
 fn init_logging(format: LogFormat) {
@@ -143,29 +87,16 @@ async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
     }
 }
 
-fn serve(cfg: Config) -> ExitCode {
+/// Serves until a signal or the coordinator's end; `Err` is the one-line
+/// reason the daemon failed.
+fn serve(cfg: Config) -> Result<(), String> {
     init_logging(cfg.server.log_format);
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dpcoord: error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let listener = match http::bind(cfg.server.metrics_bind) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("dpcoord: error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let daemon = match Daemon::start(&cfg) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("dpcoord: error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let listener = http::bind(cfg.server.metrics_bind).map_err(|e| e.to_string())?;
+    let daemon = Daemon::start(&cfg).map_err(|e| e.to_string())?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone());
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
     match rt.block_on(wait_for_stop(&daemon)) {
@@ -178,33 +109,20 @@ fn serve(cfg: Config) -> ExitCode {
     if let Err(e) = web {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }
-    let coordinator = match coordinator {
-        Ok(stopped) => stopped,
-        Err(join) => {
-            eprintln!("dpcoord: error: the coordinator failed while stopping: {join}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match coordinator {
-        Ok(()) => {
-            tracing::info!("stopped");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("dpcoord: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    coordinator.map_err(|join| format!("the coordinator failed while stopping: {join}"))?.map_err(|e| e.to_string())?;
+    tracing::info!("stopped");
+    Ok(())
 }
 
-fn config_error(e: ConfigError) -> ExitCode {
+/// Prints `e` as dpcoord's one error line and exits with `code`.
+fn fail(e: impl std::fmt::Display, code: ExitCode) -> ExitCode {
     eprintln!("dpcoord: error: {e}");
-    ExitCode::from(2)
+    code
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let (cli, matches) = match command_line() {
+        Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
             // One line naming the flag, as for config keys.
             let text = e.to_string();
@@ -226,11 +144,14 @@ fn main() -> ExitCode {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS
             }
-            Err(e) => config_error(e),
+            Err(e) => fail(e, ExitCode::from(2)),
         },
-        None => match cli.table().and_then(Config::from_table) {
-            Ok(cfg) => serve(cfg),
-            Err(e) => config_error(e),
+        None => match table(&cli, &matches).and_then(Config::from_table) {
+            Ok(cfg) => match serve(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e, ExitCode::FAILURE),
+            },
+            Err(e) => fail(e, ExitCode::from(2)),
         },
     }
 }

@@ -1,7 +1,8 @@
 //! Decision: the cost of one placement, in process.
 //!
-//! `UserDispatcher::route` with `n = 1` for 8, 64, 256 and 1024 ranks (all
-//! up, uneven loads) per policy; and the whole query path at 8 ranks
+//! `Coordinator::place` (the user dispatcher's decision, before any wire or
+//! metrics work) with `n = 1` for 8, 64, 256 and 1024 ranks (all up, uneven
+//! loads) per policy; and the whole query path at 8 ranks
 //! (`Coordinator::on_query`: decode, decide, account, encode, metrics) with
 //! its decode and encode steps alone. Timed in chunks with `Instant`; the
 //! median chunk is reported, which shrugs off preemption on a busy machine.
@@ -12,11 +13,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use dpcoord::config::{Config, PolicyKind};
-use dpcoord::engines::EngineTable;
+use dpcoord::engines::{EngineEvent, LoadReport};
 use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::user::UserDispatcher;
 use dpcoord::routing::Coordinator;
-use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, StatsUpdate, Target};
+use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, SourceKind, Target};
 
 use crate::report::{num, Report, Table};
 use crate::support::{route_query, stats_update};
@@ -77,16 +77,16 @@ impl Budget {
     }
 }
 
-/// An engine table with every rank up and the user dispatcher over it.
+/// A coordinator with every rank up.
 struct Fleet {
-    engines: EngineTable,
-    user: UserDispatcher,
+    coord: Coordinator,
     seq: u64,
 }
 
 impl Fleet {
     fn new(cfg: &Config, now: Instant) -> Fleet {
-        let mut f = Fleet { engines: EngineTable::new(cfg), user: UserDispatcher::new(cfg, now), seq: 0 };
+        let dp = cfg.settings.engines.dp_size;
+        let mut f = Fleet { coord: Coordinator::new(&cfg.settings, Metrics::new(dp), now), seq: 0 };
         f.report(now);
         f
     }
@@ -94,26 +94,18 @@ impl Fleet {
     /// Every rank reports, acknowledging all placements so far.
     fn report(&mut self, now: Instant) {
         self.seq += 1;
-        for rank in 0..self.engines.dp_size() {
-            let counts = counts(rank, self.user.routed(rank));
+        for r in self.coord.state_view(now).ranks {
+            let counts = counts(r.rank, r.routed);
             let [waiting, running, ..] = counts;
-            let u = StatsUpdate {
-                rank: rank.into(),
-                boot: 1,
-                seq: self.seq,
-                counts,
-                tokens: Some([waiting * PROMPT_TOKENS, running * PROMPT_TOKENS]),
-                kv_usage: None,
-                ttft_ms: None,
-                tpot_ms: None,
-            };
-            let accepted = self.engines.apply(&u, now).expect("a valid update");
-            self.user.on_report(&accepted, &self.engines);
+            let report = LoadReport::new(r.rank, 1, self.seq)
+                .counts(counts)
+                .tokens([waiting * PROMPT_TOKENS, running * PROMPT_TOKENS]);
+            self.coord.on_event(EngineEvent::Load(report), now);
         }
     }
 }
 
-/// Median ns of one `UserDispatcher::route` placement.
+/// Median ns of one `Coordinator::place` placement.
 fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
     let cfg = config(dp, policy);
     let req = RouteRequest { n: 1, prompt_tokens: Some(PROMPT_TOKENS), target: Target::Policy, session: None };
@@ -123,7 +115,7 @@ fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
         |f, chunk| {
             let now = Instant::now();
             for _ in 0..chunk {
-                f.user.route(black_box(&req), &f.engines, now, &mut out).expect("a rank is up");
+                f.coord.place(black_box(&req), now, &mut out).expect("a rank is up");
                 black_box(&out);
             }
         },
@@ -131,7 +123,7 @@ fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
             let now = Instant::now();
             f.report(now);
             if i % 16 == 0 {
-                f.user.tick(now, &f.engines);
+                f.coord.tick(now);
             }
         },
     )
@@ -142,7 +134,7 @@ fn acknowledge(c: &mut Coordinator, seq: u64, buf: &mut Vec<u8>) {
     let now = Instant::now();
     for r in c.state_view(now).ranks {
         stats_update(buf, r.rank, seq, counts(r.rank, r.routed));
-        c.on_stats(buf, now);
+        c.on_source(SourceKind::Stats, Some(&[&buf[..]][..]), now);
     }
     if now >= c.next_tick() {
         c.tick(now);
@@ -152,7 +144,7 @@ fn acknowledge(c: &mut Coordinator, seq: u64, buf: &mut Vec<u8>) {
 /// Median ns of one route query through `Coordinator::on_query` at `dp` ranks.
 fn query_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
     let cfg = config(dp, policy);
-    let mut coord = Coordinator::new(&cfg, Metrics::new(dp), Instant::now());
+    let mut coord = Coordinator::new(&cfg.settings, Metrics::new(dp), Instant::now());
     let mut buf = Vec::new();
     acknowledge(&mut coord, 1, &mut buf);
     let query = route_query();
@@ -180,7 +172,7 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         &mut (),
         |_, chunk| {
             for _ in 0..chunk {
-                black_box(wire::decode_query(black_box(&query), Channel::Route, &limits).is_ok());
+                black_box(wire::decode_route_query(black_box(&query), &limits).is_ok());
             }
         },
         |_, _| {},
@@ -204,7 +196,7 @@ pub fn run(mode: Mode, report: &mut Report) {
     let mut header = vec!["policy".to_string()];
     header.extend(SIZES.iter().map(|dp| format!("{dp} ranks")));
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut t = Table::new("decision: one placement, UserDispatcher::route n=1, median ns", &header);
+    let mut t = Table::new("decision: one placement, Coordinator::place n=1, median ns", &header);
     let mut worst = [(0.0_f64, ""); SIZES.len()];
     for policy in PolicyKind::ALL {
         let mut row = vec![policy.as_str().to_string()];
@@ -224,7 +216,7 @@ pub fn run(mode: Mode, report: &mut Report) {
         q.row(vec![format!("Coordinator::on_query, {}", policy.as_str()), num(query_ns(budget, 8, policy), 0)]);
     }
     let (decode, encode) = wire_ns(budget);
-    q.row(vec!["  of which: wire::decode_query".into(), num(decode, 0)]);
+    q.row(vec!["  of which: wire::decode_route_query".into(), num(decode, 0)]);
     q.row(vec!["  of which: wire::encode_ranks".into(), num(encode, 0)]);
     q.print();
 

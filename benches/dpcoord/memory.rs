@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dpcoord::config::PolicyKind;
 use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
-use dpcoord::wire::Channel;
+use dpcoord::wire::{Channel, SourceKind};
 
 use crate::decision::{config, counts};
 use crate::report::{num, Report, Table};
@@ -43,14 +43,14 @@ fn rss_kib(dp: u32, queries: usize, settle: Duration) -> (u64, u64) {
 /// from every rank and `per_tick` placements.
 fn tick_durations(dp: u32, ticks: usize, per_tick: usize) -> Latencies {
     let cfg = config(dp, PolicyKind::LeastLoad);
-    let mut c = Coordinator::new(&cfg, Metrics::new(dp), Instant::now());
+    let mut c = Coordinator::new(&cfg.settings, Metrics::new(dp), Instant::now());
     let (query, mut out, mut buf) = (route_query(), Vec::with_capacity(256), Vec::new());
     let mut lat = Latencies::with_capacity(ticks);
     for seq in 1..=ticks as u64 + 1 {
         let now = Instant::now();
         for rank in 0..dp {
             stats_update(&mut buf, rank, seq, counts(rank, 0));
-            c.on_stats(&buf, now);
+            c.on_source(SourceKind::Stats, Some(&[&buf[..]][..]), now);
         }
         for _ in 0..per_tick {
             c.on_query(Channel::Route, &query, now, &mut out);

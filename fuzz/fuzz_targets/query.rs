@@ -9,7 +9,7 @@ use std::time::Instant;
 use dpcoord::config::Config;
 use dpcoord::routing::Coordinator;
 use dpcoord::observability::metrics::Metrics;
-use dpcoord::wire::Channel;
+use dpcoord::wire::{Channel, SourceKind};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
@@ -18,10 +18,11 @@ fn coordinator() -> Coordinator {
     cfg.settings.engines.dp_size = 4;
     cfg.settings.routing.pending_ttl = std::time::Duration::from_millis(50);
     let now = Instant::now();
-    let mut coord = Coordinator::new(&cfg, Metrics::new(4), now);
+    let mut coord = Coordinator::new(&cfg.settings, Metrics::new(4), now);
     for rank in 0..3 {
         let update = json!({"v": 1, "rank": rank, "boot": 1, "seq": 1, "counts": [0, 0, 0, 0, 0]});
-        coord.on_stats(&rmp_serde::to_vec_named(&update).expect("encodes"), now);
+        let bytes = rmp_serde::to_vec_named(&update).expect("encodes");
+        coord.on_source(SourceKind::Stats, Some(&[&bytes[..]][..]), now);
     }
     coord
 }

@@ -1,18 +1,24 @@
 //! Configuration: TOML file + command-line flags -> checked [`Config`].
 //!
-//! Flags are folded into the same TOML table as the file (a flag wins), and
-//! one pass turns that table into typed values. Every error names the key as
-//! `section.key`, so a bad flag and a bad file line read the same way.
+//! Each key is defined once, in [`keys`]; the parser and the flags are built
+//! from those specs. Flags are folded into the same TOML table as the file (a
+//! flag wins), and one pass turns that table into typed values. Every error
+//! names the key as `section.key`, so a bad flag and a bad file line read the
+//! same way.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::io::access::Allowlist;
-pub use crate::routing::policy::PolicyKind;
+pub use crate::routing::PolicyKind;
 
+mod flags;
+pub mod keys;
 mod parse;
+pub use flags::{flags, fold_flags};
+use keys::SECTIONS;
 pub use parse::check_endpoint;
-use parse::{parse_engines, parse_limits, parse_penalty, parse_routing, parse_server, section, SECTIONS};
+use parse::{parse_engines, parse_limits, parse_penalty, parse_routing, parse_server, section};
 
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::{
     err, ConfigError, Engines, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, Routing, Server, Sessions,
 };
@@ -15,83 +16,81 @@ pub(super) struct Section<'a> {
 }
 
 impl<'a> Section<'a> {
-    fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.name)
+    fn get(&mut self, k: &Key) -> Option<&'a toml::Value> {
+        debug_assert_eq!(k.section, self.name, "{} read in the wrong section", k.path());
+        self.seen.push(k.name);
+        self.table.and_then(|t| t.get(k.name))
     }
 
-    fn get(&mut self, k: &'static str) -> Option<&'a toml::Value> {
-        self.seen.push(k);
-        self.table.and_then(|t| t.get(k))
-    }
-
-    fn int(&mut self, k: &'static str, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
-        let Some(v) = self.get(k) else { return Ok(default) };
-        let i = v.as_integer().ok_or_else(|| err(self.key(k), format!("expected an integer, got {}", v.type_str())))?;
+    fn int(&mut self, k: &IntKey) -> Result<u64, ConfigError> {
+        let Some(v) = self.get(&k.key) else { return Ok(k.default) };
+        let i =
+            v.as_integer().ok_or_else(|| err(k.key.path(), format!("expected an integer, got {}", v.type_str())))?;
         u64::try_from(i)
             .ok()
-            .filter(|i| (min..=max).contains(i))
-            .ok_or_else(|| err(self.key(k), format!("must be between {min} and {max}, got {i}")))
+            .filter(|i| (k.min..=k.max).contains(i))
+            .ok_or_else(|| err(k.key.path(), format!("must be between {} and {}, got {i}", k.min, k.max)))
     }
 
-    fn ms(&mut self, k: &'static str, default: u64, min: u64, max: u64) -> Result<Duration, ConfigError> {
-        self.int(k, default, min, max).map(Duration::from_millis)
+    fn ms(&mut self, k: &IntKey) -> Result<Duration, ConfigError> {
+        self.int(k).map(Duration::from_millis)
     }
 
-    fn float(&mut self, k: &'static str, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
-        let Some(v) = self.get(k) else { return Ok(default) };
+    fn float(&mut self, k: &FloatKey) -> Result<f64, ConfigError> {
+        let Some(v) = self.get(&k.key) else { return Ok(k.default) };
         let x = match v {
             toml::Value::Float(x) => *x,
             toml::Value::Integer(i) => *i as f64,
-            other => return Err(err(self.key(k), format!("expected a number, got {}", other.type_str()))),
+            other => return Err(err(k.key.path(), format!("expected a number, got {}", other.type_str()))),
         };
-        if x.is_finite() && (min..=max).contains(&x) {
+        if x.is_finite() && (k.min..=k.max).contains(&x) {
             Ok(x)
         } else {
-            Err(err(self.key(k), format!("must be between {min} and {max}, got {x}")))
+            Err(err(k.key.path(), format!("must be between {} and {}, got {x}", k.min, k.max)))
         }
     }
 
-    fn string(&mut self, k: &'static str, default: &str) -> Result<String, ConfigError> {
-        match self.get(k) {
-            None => Ok(default.to_owned()),
+    fn string(&mut self, k: &StrKey) -> Result<String, ConfigError> {
+        match self.get(&k.key) {
+            None => Ok(k.default.to_owned()),
             Some(toml::Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(err(self.key(k), format!("expected a string, got {}", other.type_str()))),
+            Some(other) => Err(err(k.key.path(), format!("expected a string, got {}", other.type_str()))),
         }
     }
 
-    fn endpoint(&mut self, k: &'static str, default: &str) -> Result<String, ConfigError> {
-        let s = self.string(k, default)?;
-        check_endpoint(&s).map_err(|p| err(self.key(k), p))?;
+    fn endpoint(&mut self, k: &StrKey) -> Result<String, ConfigError> {
+        let s = self.string(k)?;
+        check_endpoint(&s).map_err(|p| err(k.key.path(), p))?;
         Ok(s)
     }
 
-    fn strings(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
-        let Some(v) = self.get(k) else { return Ok(Vec::new()) };
+    fn strings(&mut self, k: &ListKey) -> Result<Vec<String>, ConfigError> {
+        let Some(v) = self.get(&k.key) else { return Ok(Vec::new()) };
         let arr = v
             .as_array()
-            .ok_or_else(|| err(self.key(k), format!("expected an array of strings, got {}", v.type_str())))?;
+            .ok_or_else(|| err(k.key.path(), format!("expected an array of strings, got {}", v.type_str())))?;
         arr.iter()
             .map(|e| {
                 e.as_str()
                     .map(str::to_owned)
-                    .ok_or_else(|| err(self.key(k), format!("expected strings, got {}", e.type_str())))
+                    .ok_or_else(|| err(k.key.path(), format!("expected strings, got {}", e.type_str())))
             })
             .collect()
     }
 
-    fn endpoints(&mut self, k: &'static str) -> Result<Vec<String>, ConfigError> {
+    fn endpoints(&mut self, k: &ListKey) -> Result<Vec<String>, ConfigError> {
         let eps = self.strings(k)?;
         for e in &eps {
-            check_endpoint(e).map_err(|p| err(self.key(k), p))?;
+            check_endpoint(e).map_err(|p| err(k.key.path(), p))?;
         }
         Ok(eps)
     }
 
     /// An allowlist for the socket bound at `bind` (which must be TCP if the list is not empty).
-    fn allowlist(&mut self, k: &'static str, bind: Option<&str>) -> Result<Allowlist, ConfigError> {
-        let list = Allowlist::parse(&self.strings(k)?).map_err(|p| err(self.key(k), p))?;
+    fn allowlist(&mut self, k: &ListKey, bind: Option<&str>) -> Result<Allowlist, ConfigError> {
+        let list = Allowlist::parse(&self.strings(k)?).map_err(|p| err(k.key.path(), p))?;
         if !list.is_empty() && !bind.is_some_and(|b| b.starts_with("tcp://")) {
-            return Err(err(self.key(k), "needs a tcp:// bind; ipc:// access is controlled by file permissions"));
+            return Err(err(k.key.path(), "needs a tcp:// bind; ipc:// access is controlled by file permissions"));
         }
         Ok(list)
     }
@@ -124,8 +123,6 @@ pub fn check_endpoint(s: &str) -> Result<(), String> {
     }
 }
 
-pub(super) const SECTIONS: [&str; 5] = ["server", "engines", "routing", "penalty", "limits"];
-
 pub(super) fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<Section<'a>, ConfigError> {
     let table = match root.get(name) {
         None => None,
@@ -136,28 +133,30 @@ pub(super) fn section<'a>(root: &'a toml::Table, name: &'static str) -> Result<S
 }
 
 pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
-    let route_bind = s.endpoint("route_bind", "tcp://127.0.0.1:5570")?;
-    let health_bind = s.endpoint("health_bind", "tcp://127.0.0.1:5571")?;
-    let stats_bind = match s.string("stats_bind", "tcp://127.0.0.1:5572")? {
+    let route_bind = s.endpoint(&keys::ROUTE_BIND)?;
+    let health_bind = s.endpoint(&keys::HEALTH_BIND)?;
+    let stats_bind = match s.string(&keys::STATS_BIND)? {
         b if b.is_empty() => None,
         b => {
-            check_endpoint(&b).map_err(|p| err("server.stats_bind", p))?;
+            check_endpoint(&b).map_err(|p| err(keys::STATS_BIND.key.path(), p))?;
             Some(b)
         }
     };
-    let stats_connect = s.endpoints("stats_connect")?;
-    let metrics_bind = s.string("metrics_bind", "127.0.0.1:9570")?;
+    let stats_connect = s.endpoints(&keys::STATS_CONNECT)?;
+    let metrics_bind = s.string(&keys::METRICS_BIND)?;
     let metrics_bind = metrics_bind.parse().map_err(|_| {
-        err("server.metrics_bind", format!("`{metrics_bind}` is not HOST:PORT (an IP address and a port)"))
+        err(keys::METRICS_BIND.key.path(), format!("`{metrics_bind}` is not HOST:PORT (an IP address and a port)"))
     })?;
-    let log_format = match s.string("log_format", "text")?.as_str() {
+    let log_format = match s.string(&keys::LOG_FORMAT)?.as_str() {
         "text" => LogFormat::Text,
         "json" => LogFormat::Json,
-        other => return Err(err("server.log_format", format!("must be \"text\" or \"json\", got \"{other}\""))),
+        other => {
+            return Err(err(keys::LOG_FORMAT.key.path(), format!("must be \"text\" or \"json\", got \"{other}\"")))
+        }
     };
-    let route_allow = s.allowlist("route_allow", Some(&route_bind))?;
-    let health_allow = s.allowlist("health_allow", Some(&health_bind))?;
-    let stats_allow = s.allowlist("stats_allow", stats_bind.as_deref())?;
+    let route_allow = s.allowlist(&keys::ROUTE_ALLOW, Some(&route_bind))?;
+    let health_allow = s.allowlist(&keys::HEALTH_ALLOW, Some(&health_bind))?;
+    let stats_allow = s.allowlist(&keys::STATS_ALLOW, stats_bind.as_deref())?;
     s.finish()?;
     Ok(Server {
         route_bind,
@@ -173,16 +172,17 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
 }
 
 pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
-    let dp_size = s.int("dp_size", 8, 1, 65536)? as u32;
-    let stale_after = s.ms("stale_after_ms", 1000, 1, 3_600_000)?;
-    let down_after = s.ms("down_after_ms", 3000, 1, 3_600_000)?;
-    let readmit_updates = s.int("readmit_updates", 2, 1, 1000)? as u32;
+    let dp_size = s.int(&keys::DP_SIZE)? as u32;
+    let stale_after = s.ms(&keys::STALE_AFTER_MS)?;
+    let down_after = s.ms(&keys::DOWN_AFTER_MS)?;
+    let readmit_updates = s.int(&keys::READMIT_UPDATES)? as u32;
     s.finish()?;
     if down_after <= stale_after {
         return Err(err(
-            "engines.down_after_ms",
+            keys::DOWN_AFTER_MS.key.path(),
             format!(
-                "must be above engines.stale_after_ms ({} ms), got {} ms",
+                "must be above {} ({} ms), got {} ms",
+                keys::STALE_AFTER_MS.key.path(),
                 stale_after.as_millis(),
                 down_after.as_millis()
             ),
@@ -192,44 +192,44 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> 
 }
 
 pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {
-    let name = s.string("policy", "round_robin")?;
+    let name = s.string(&keys::POLICY)?;
     let policy = PolicyKind::parse(&name).ok_or_else(|| {
         let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.as_str()).collect();
-        err("routing.policy", format!("unknown policy \"{name}\"; available: {}", known.join(", ")))
+        err(keys::POLICY.key.path(), format!("unknown policy \"{name}\"; available: {}", known.join(", ")))
     })?;
-    let tick = s.ms("tick_ms", 100, 1, 10_000)?;
-    let pending_ttl = s.ms("pending_ttl_ms", 2000, 1, 3_600_000)?;
-    let imbalance_window = s.ms("imbalance_window_ms", 60_000, 1000, 86_400_000)?;
+    let tick = s.ms(&keys::TICK_MS)?;
+    let pending_ttl = s.ms(&keys::PENDING_TTL_MS)?;
+    let imbalance_window = s.ms(&keys::IMBALANCE_WINDOW_MS)?;
     let weights = LoadWeights {
-        waiting: s.float("weight_waiting", 4.0, 0.0, 1e6)?,
-        running: s.float("weight_running", 1.0, 0.0, 1e6)?,
-        pending: s.float("weight_pending", 4.0, 0.0, 1e6)?,
+        waiting: s.float(&keys::WEIGHT_WAITING)?,
+        running: s.float(&keys::WEIGHT_RUNNING)?,
+        pending: s.float(&keys::WEIGHT_PENDING)?,
     };
     let sessions = Sessions {
-        capacity: s.int("session_capacity", 100_000, 1, 100_000_000)? as usize,
-        ttl: s.ms("session_ttl_ms", 600_000, 1, 86_400_000)?,
-        max_load_ratio: s.float("session_max_load_ratio", 2.0, 1.0, 1e6)?,
+        capacity: s.int(&keys::SESSION_CAPACITY)? as usize,
+        ttl: s.ms(&keys::SESSION_TTL_MS)?,
+        max_load_ratio: s.float(&keys::SESSION_MAX_LOAD_RATIO)?,
     };
-    let seed = s.int("seed", 0, 0, i64::MAX as u64)?;
+    let seed = s.int(&keys::SEED)?;
     s.finish()?;
     Ok(Routing { policy, tick, pending_ttl, imbalance_window, weights, sessions, seed })
 }
 
 pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
-    let max_penalty = s.float("max_penalty", 10.0, 0.0, 1e6)?;
-    let stale = s.float("stale", 1.0, 0.0, 1e6)?;
-    let health_failure = s.float("health_failure", 1.0, 0.0, 1e6)?;
-    let health_half_life = s.ms("health_half_life_ms", 5000, 1, 3_600_000)?;
-    let failure = s.float("failure", 5.0, 0.0, 1e6)?;
-    let failure_smoothing = s.float("failure_smoothing", 0.5, 0.01, 1.0)?;
-    let ttft = s.float("ttft", 1.0, 0.0, 1e6)?;
+    let max_penalty = s.float(&keys::MAX_PENALTY)?;
+    let stale = s.float(&keys::STALE)?;
+    let health_failure = s.float(&keys::HEALTH_FAILURE)?;
+    let health_half_life = s.ms(&keys::HEALTH_HALF_LIFE_MS)?;
+    let failure = s.float(&keys::FAILURE)?;
+    let failure_smoothing = s.float(&keys::FAILURE_SMOOTHING)?;
+    let ttft = s.float(&keys::TTFT)?;
     s.finish()?;
     Ok(Penalty { max_penalty, stale, health_failure, health_half_life, failure, failure_smoothing, ttft })
 }
 
 pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
-    let max_message_bytes = s.int("max_message_bytes", 65536, 256, 16 << 20)? as usize;
-    let max_batch = s.int("max_batch", 1024, 1, 65536)? as u32;
+    let max_message_bytes = s.int(&keys::MAX_MESSAGE_BYTES)? as usize;
+    let max_batch = s.int(&keys::MAX_BATCH)? as u32;
     s.finish()?;
     Ok(Limits { max_message_bytes, max_batch })
 }

@@ -1,4 +1,4 @@
-//! Unit tests of `config.rs`.
+//! Unit tests of the config module: keys, parser and flags.
 
 use super::*;
 
@@ -32,10 +32,110 @@ fn defaults_match_the_contract() {
     assert_eq!((c.settings.limits.max_message_bytes, c.settings.limits.max_batch), (65536, 1024));
 }
 
+/// Every key at its default, from the key specs.
+fn defaults_table() -> toml::Table {
+    let mut t = toml::Table::new();
+    for any in keys::ALL {
+        let value = match any {
+            keys::AnyKey::Int(k) => toml::Value::Integer(k.default as i64),
+            keys::AnyKey::Float(k) => toml::Value::Float(k.default),
+            keys::AnyKey::Str(k) => toml::Value::String(k.default.to_owned()),
+            keys::AnyKey::List(_) => toml::Value::Array(Vec::new()),
+        };
+        any.key().set(&mut t, value);
+    }
+    t
+}
+
 #[test]
 fn the_shipped_example_is_the_defaults() {
     let text = include_str!("../../config/dpcoord.toml");
     assert_eq!(parse(text).unwrap(), Config::default());
+    // Every key of the specs is in the file, with its default, and no other.
+    assert_eq!(Config::parse_toml(text).unwrap(), defaults_table());
+    assert_eq!(Config::from_table(defaults_table()).unwrap(), Config::default());
+}
+
+#[test]
+fn keys_are_unique_and_their_defaults_in_bounds() {
+    let mut paths: Vec<String> = keys::ALL.iter().map(|k| k.key().path()).collect();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths.len(), keys::ALL.len());
+    for any in keys::ALL {
+        assert!(SECTIONS.contains(&any.key().section), "{}", any.key().path());
+        match any {
+            keys::AnyKey::Int(k) => assert!(k.min <= k.default && k.default <= k.max && k.max <= i64::MAX as u64),
+            keys::AnyKey::Float(k) => assert!(k.min <= k.default && k.default <= k.max),
+            keys::AnyKey::Str(_) | keys::AnyKey::List(_) => {}
+        }
+    }
+}
+
+fn command() -> clap::Command {
+    clap::Command::new("dpcoord").args(flags())
+}
+
+#[test]
+fn the_flags_are_the_documented_ones() {
+    let cmd = command();
+    let shown: Vec<(String, String, String)> = cmd
+        .get_arguments()
+        .map(|a| {
+            let long = a.get_long().unwrap_or_default().to_owned();
+            let value = a.get_value_names().map(|v| v.join(" ")).unwrap_or_default();
+            (long, value, a.get_help().map(ToString::to_string).unwrap_or_default())
+        })
+        .collect();
+    let expected = [
+        ("dp-size", "N", "Number of DP ranks (engines.dp_size)"),
+        ("policy", "NAME", "User routing policy (routing.policy)"),
+        ("route-bind", "EP", "ROUTER endpoint for routing queries (server.route_bind)"),
+        ("health-bind", "EP", "ROUTER endpoint for health queries (server.health_bind)"),
+        ("stats-bind", "EP", "SUB bind endpoint for engine stats, \"\" to disable (server.stats_bind)"),
+        ("stats-connect", "EP", "Engine PUB endpoint to connect to; repeatable (server.stats_connect)"),
+        ("metrics-bind", "HOST:PORT", "HTTP listener for metrics and probes (server.metrics_bind)"),
+        ("tick-ms", "MS", "Tick period in ms (routing.tick_ms)"),
+        ("stale-after-ms", "MS", "engines.stale_after_ms"),
+        ("down-after-ms", "MS", "engines.down_after_ms"),
+        ("pending-ttl-ms", "MS", "routing.pending_ttl_ms"),
+        ("log-format", "FORMAT", "text or json (server.log_format)"),
+    ];
+    let expected: Vec<(String, String, String)> =
+        expected.iter().map(|(l, v, h)| (l.to_string(), v.to_string(), h.to_string())).collect();
+    assert_eq!(shown, expected);
+}
+
+#[test]
+fn every_flag_lands_at_its_key() {
+    for any in keys::ALL {
+        let key = any.key();
+        if key.flag.is_none() {
+            continue;
+        }
+        let flag = format!("--{}", key.name.replace('_', "-"));
+        let (args, expected) = match any {
+            keys::AnyKey::Int(_) => (vec![flag.as_str(), "-7"], toml::Value::Integer(-7)),
+            keys::AnyKey::Float(_) => (vec![flag.as_str(), "0.25"], toml::Value::Float(0.25)),
+            keys::AnyKey::Str(_) => (vec![flag.as_str(), "x"], toml::Value::String("x".into())),
+            keys::AnyKey::List(_) => (
+                vec![flag.as_str(), "a", flag.as_str(), "b"],
+                toml::Value::Array(vec![toml::Value::String("a".into()), toml::Value::String("b".into())]),
+            ),
+        };
+        let matches = command().allow_negative_numbers(true).try_get_matches_from(["dpcoord"].into_iter().chain(args));
+        let mut t = Config::parse_toml(&format!("[{}]\n{} = 1", key.section, key.name)).unwrap();
+        fold_flags(&matches.unwrap(), &mut t);
+        assert_eq!(t[key.section][key.name], expected, "{flag}");
+        assert_eq!(t.len(), 1, "{flag}");
+    }
+}
+
+#[test]
+fn no_flag_leaves_the_file_alone() {
+    let mut t = Config::parse_toml("[engines]\ndp_size = 4").unwrap();
+    fold_flags(&command().get_matches_from(["dpcoord"]), &mut t);
+    assert_eq!(t, Config::parse_toml("[engines]\ndp_size = 4").unwrap());
 }
 
 #[test]

@@ -1,9 +1,37 @@
-//! Facts about engines: what each DP rank reported, whether it is routable,
-//! and its penalty. Nothing here knows about user placements.
+//! Facts about engines: what each DP rank reported (as engine events),
+//! whether it is routable, and its penalty. Nothing here knows about user
+//! placements, and nothing here knows a wire format.
 
+pub mod event;
 pub mod penalty;
+pub mod routable;
 mod table;
 
-pub use table::{
-    Accepted, EngineState, EngineTable, StatsReject, Status, FAILED, FINISHED, RECEIVED, RUNNING, WAITING,
-};
+pub use event::{Counts, EngineEvent, LoadReport, TokenLoad};
+pub use routable::{Target, Unroutable};
+pub use table::{Accepted, EngineState, EngineTable, HealthHandle, Reject, Status};
+
+/// Fixtures for unit tests across the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::time::Instant;
+
+    use super::{EngineTable, LoadReport};
+    use crate::config::Settings;
+
+    /// Default settings with `dp` ranks.
+    pub fn settings(dp: u32) -> Settings {
+        let mut s = Settings::default();
+        s.engines.dp_size = dp;
+        s
+    }
+
+    /// A table of `dp` ranks where exactly `up` have reported once.
+    pub fn table_with_up(dp: u32, up: &[u32]) -> EngineTable {
+        let mut t = EngineTable::new(&settings(dp));
+        for &r in up {
+            t.apply(&LoadReport::new(r, 1, 1), Instant::now()).unwrap();
+        }
+        t
+    }
+}

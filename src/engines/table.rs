@@ -1,21 +1,17 @@
 //! The engine table: what each DP rank reported, and whether it is routable.
 //!
-//! It holds facts about engines only (the 5-tuple, boot/seq, liveness,
+//! It holds facts about engines only (counters, boot/seq, liveness,
 //! penalty). User bookkeeping (`routed`, `pending`, cursors) lives in
-//! `user.rs`, so code that can only see this table cannot touch it.
+//! `routing`, so code that can only see this table cannot touch it. The
+//! rank count is runtime state ([`EngineTable::resize`]), and so are the
+//! liveness and penalty settings ([`EngineTable::reload`]).
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, Penalty};
-use crate::engines::penalty::{self, PenaltyState, TickInputs};
-use crate::wire::StatsUpdate;
-
-/// Index of a counter in the 5-tuple `[waiting, running, received, finished, failed]`.
-pub const WAITING: usize = 0;
-pub const RUNNING: usize = 1;
-pub const RECEIVED: usize = 2;
-pub const FINISHED: usize = 3;
-pub const FAILED: usize = 4;
+use super::event::{Counts, LoadReport, TokenLoad};
+use super::penalty::{self, PenaltyState, TickInputs};
+use crate::config::{Penalty, Settings};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -49,10 +45,10 @@ pub struct EngineState {
     pub status: Status,
     pub boot: u64,
     pub seq: u64,
-    /// `[waiting, running, received, finished, failed]` of the current boot.
-    pub counts: [u64; 5],
-    /// `[waiting_tokens, running_tokens]`, when the engine sends them.
-    pub tokens: Option<[u64; 2]>,
+    /// The counters of the current boot.
+    pub counts: Counts,
+    /// The engine's token load, when it sends one.
+    pub tokens: Option<TokenLoad>,
     pub kv_usage: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
@@ -72,7 +68,7 @@ impl EngineState {
             status: Status::Unknown,
             boot: 0,
             seq: 0,
-            counts: [0; 5],
+            counts: Counts::default(),
             tokens: None,
             kv_usage: None,
             ttft_ms: None,
@@ -92,12 +88,31 @@ impl EngineState {
     }
 }
 
-/// Why an update was dropped (the `result` label of the stats counter).
+/// Why a report was dropped. It holds the facts, not a message: the text
+/// is formatted only when a warning is actually logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StatsReject {
-    UnknownRank(i128),
-    Stale(String),
-    Malformed(String),
+pub enum Reject {
+    /// The rank is outside `0..dp_size`.
+    UnknownRank { rank: i128, dp_size: u32 },
+    /// A boot older than the current one, on a rank that is not down.
+    OldBoot { boot: u64, current: u64 },
+    /// A seq not above the last accepted one within the boot.
+    OldSeq { seq: u64, last: u64 },
+    /// A cumulative counter went backwards within a boot.
+    Backwards { counter: &'static str, boot: u64, from: u64, to: u64 },
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::UnknownRank { rank, dp_size } => write!(f, "rank {rank} is outside 0..{dp_size}"),
+            Reject::OldBoot { boot, current } => write!(f, "boot {boot} is older than the current boot {current}"),
+            Reject::OldSeq { seq, last } => write!(f, "seq {seq} is not above the last accepted seq {last}"),
+            Reject::Backwards { counter, boot, from, to } => {
+                write!(f, "counter `{counter}` went backwards within boot {boot} ({from} -> {to})")
+            }
+        }
+    }
 }
 
 /// An update that was applied.
@@ -119,6 +134,13 @@ struct Liveness {
     readmit_updates: u32,
 }
 
+impl Liveness {
+    fn of(s: &Settings) -> Self {
+        let e = &s.engines;
+        Liveness { stale_after: e.stale_after, down_after: e.down_after, readmit_updates: e.readmit_updates }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineTable {
     engines: Vec<EngineState>,
@@ -132,41 +154,56 @@ pub struct EngineTable {
 /// The boot/seq rules. A lower `boot` is a stale incarnation, except for a
 /// rank that is `down`: its last incarnation is gone, so whatever publishes
 /// now is the live engine (one whose clock stepped back across a restart).
-fn check_order(e: &EngineState, u: &StatsUpdate) -> Result<(), StatsReject> {
+fn check_order(e: &EngineState, u: &LoadReport) -> Result<(), Reject> {
     if e.status == Status::Unknown || u.boot > e.boot || (u.boot < e.boot && e.status == Status::Down) {
         return Ok(());
     }
     if u.boot < e.boot {
-        return Err(StatsReject::Stale(format!("boot {} is older than the current boot {}", u.boot, e.boot)));
+        return Err(Reject::OldBoot { boot: u.boot, current: e.boot });
     }
     if u.seq <= e.seq {
-        return Err(StatsReject::Stale(format!("seq {} is not above the last accepted seq {}", u.seq, e.seq)));
+        return Err(Reject::OldSeq { seq: u.seq, last: e.seq });
     }
-    const NAMES: [&str; 5] = ["waiting", "running", "received", "finished", "failed"];
-    for i in [RECEIVED, FINISHED, FAILED] {
-        if u.counts[i] < e.counts[i] {
-            return Err(StatsReject::Malformed(format!(
-                "counter `{}` went backwards within boot {} ({} -> {})",
-                NAMES[i], u.boot, e.counts[i], u.counts[i]
-            )));
+    for ((counter, from), (_, to)) in e.counts.cumulative().into_iter().zip(u.counts.cumulative()) {
+        if to < from {
+            return Err(Reject::Backwards { counter, boot: u.boot, from, to });
         }
     }
     Ok(())
 }
 
 impl EngineTable {
-    pub fn new(cfg: &Config) -> Self {
-        EngineTable {
-            engines: vec![EngineState::new(); cfg.settings.engines.dp_size as usize],
+    pub fn new(settings: &Settings) -> Self {
+        let mut t = EngineTable {
+            engines: Vec::new(),
             epoch: 0,
-            liveness: Liveness {
-                stale_after: cfg.settings.engines.stale_after,
-                down_after: cfg.settings.engines.down_after,
-                readmit_updates: cfg.settings.engines.readmit_updates,
-            },
-            penalty: cfg.settings.penalty.clone(),
-            ttfts: Vec::with_capacity(cfg.settings.engines.dp_size as usize),
-        }
+            liveness: Liveness::of(settings),
+            penalty: settings.penalty.clone(),
+            ttfts: Vec::new(),
+        };
+        t.resize(settings.engines.dp_size);
+        t
+    }
+
+    /// Grows (new ranks are `unknown`) or shrinks to `dp_size` ranks; the
+    /// epoch moves when the routable set changed.
+    pub fn resize(&mut self, dp_size: u32) {
+        let n = dp_size as usize;
+        let dropped_routable = self.engines.iter().skip(n).any(|e| e.status.is_routable());
+        self.engines.resize_with(n, EngineState::new);
+        self.ttfts = Vec::with_capacity(n);
+        self.epoch += u64::from(dropped_routable);
+    }
+
+    /// Takes new liveness and penalty settings; they apply from the next tick.
+    pub fn reload(&mut self, settings: &Settings) {
+        self.liveness = Liveness::of(settings);
+        self.penalty = settings.penalty.clone();
+    }
+
+    /// The narrow handle the health channel gets: see [`HealthHandle`].
+    pub fn health_handle(&mut self) -> HealthHandle<'_> {
+        HealthHandle { table: self }
     }
 
     pub fn dp_size(&self) -> u32 {
@@ -219,10 +256,10 @@ impl EngineTable {
         flipped
     }
 
-    /// Applies one decoded update, or says why it was dropped (then nothing changed).
-    pub fn apply(&mut self, u: &StatsUpdate, now: Instant) -> Result<Accepted, StatsReject> {
-        let rank =
-            usize::try_from(u.rank).ok().filter(|&r| r < self.engines.len()).ok_or(StatsReject::UnknownRank(u.rank))?;
+    /// Applies one load report, or says why it was dropped (then nothing changed).
+    pub fn apply(&mut self, u: &LoadReport, now: Instant) -> Result<Accepted, Reject> {
+        let unknown = Reject::UnknownRank { rank: u.rank, dp_size: self.dp_size() };
+        let rank = usize::try_from(u.rank).ok().filter(|&r| r < self.engines.len()).ok_or(unknown)?;
         let live = &self.liveness;
         let e = &mut self.engines[rank];
         check_order(e, u)?;
@@ -230,8 +267,8 @@ impl EngineTable {
         let same_boot = e.status != Status::Unknown && u.boot == e.boot;
         let missed = if same_boot { u.seq - e.seq - 1 } else { 0 };
         if restarted {
-            e.finished_before = e.finished_before.saturating_add(e.counts[FINISHED]);
-            e.failed_before = e.failed_before.saturating_add(e.counts[FAILED]);
+            e.finished_before = e.finished_before.saturating_add(e.counts.finished);
+            e.failed_before = e.failed_before.saturating_add(e.counts.failed);
             e.penalty_state.on_restart();
             tracing::info!(
                 dp_rank = rank,
@@ -257,14 +294,15 @@ impl EngineTable {
         if self.set_status(rank, next) {
             self.epoch += 1;
         }
-        Ok(Accepted { rank: rank as u32, restarted, received: u.counts[RECEIVED], missed })
+        Ok(Accepted { rank: rank as u32, restarted, received: u.counts.received, missed })
     }
 
-    /// A health prober's outcome for `rank` (already checked to be in range).
-    pub fn record_health_report(&mut self, rank: u32, ok: bool, now: Instant) {
+    /// A health prober's outcome for `rank`; a rank out of range (the
+    /// table shrank since the probe was decoded) is ignored.
+    fn record_health_report(&mut self, rank: u32, ok: bool, now: Instant) {
+        let Some(e) = self.engines.get_mut(rank as usize) else { return };
         if !ok {
-            let weight = self.penalty.health_failure;
-            self.engines[rank as usize].penalty_state.health.add(weight, now, self.penalty.health_half_life);
+            e.penalty_state.health.add(self.penalty.health_failure, now, self.penalty.health_half_life);
         }
     }
 
@@ -286,13 +324,34 @@ impl EngineTable {
         let median = penalty::median(&mut self.ttfts).filter(|m| *m > 0.0);
         for e in &mut self.engines {
             let inputs = TickInputs {
-                finished: e.counts[FINISHED],
-                failed: e.counts[FAILED],
+                finished: e.counts.finished,
+                failed: e.counts.failed,
                 stale: e.status == Status::Stale,
                 ttft_ratio: median.zip(e.ttft_ms).map(|(m, t)| t / m),
             };
             e.penalty = e.penalty_state.update(&self.penalty, inputs, now);
         }
+    }
+}
+
+/// What the health channel may do with the engine table: read it, and
+/// record probe outcomes, which feed the rank's penalty (and through it the
+/// load-aware policies' costs). It cannot apply reports, age liveness,
+/// resize, or reach anything of the user side, which is not in this table.
+pub struct HealthHandle<'a> {
+    table: &'a mut EngineTable,
+}
+
+impl HealthHandle<'_> {
+    /// The table, read-only.
+    pub fn engines(&self) -> &EngineTable {
+        self.table
+    }
+
+    /// A probe's outcome: a failure adds `penalty.health_failure` to the
+    /// rank's health score, which halves every `health_half_life_ms`.
+    pub fn record(&mut self, rank: u32, ok: bool, now: Instant) {
+        self.table.record_health_report(rank, ok, now);
     }
 }
 

@@ -1,15 +1,14 @@
-//! Unit tests of `engine.rs`.
+//! Unit tests of `table.rs`.
 
 use super::*;
+use crate::engines::testing::settings;
 
 fn table(dp: u32) -> EngineTable {
-    let mut c = Config::default();
-    c.settings.engines.dp_size = dp;
-    EngineTable::new(&c)
+    EngineTable::new(&settings(dp))
 }
 
-fn upd(rank: i128, boot: u64, seq: u64, counts: [u64; 5]) -> StatsUpdate {
-    StatsUpdate { rank, boot, seq, counts, tokens: None, kv_usage: None, ttft_ms: None, tpot_ms: None }
+fn upd(rank: i128, boot: u64, seq: u64, counts: [u64; 5]) -> LoadReport {
+    LoadReport::new(rank, boot, seq).counts(counts)
 }
 
 fn ms(t0: Instant, ms: u64) -> Instant {
@@ -46,9 +45,9 @@ fn rejects_leave_state_unchanged() {
     ];
     for (u, want) in cases {
         let got = match t.apply(&u, ms(t0, 10)) {
-            Err(StatsReject::UnknownRank(_)) => "unknown",
-            Err(StatsReject::Stale(_)) => "stale",
-            Err(StatsReject::Malformed(_)) => "malformed",
+            Err(Reject::UnknownRank { .. }) => "unknown",
+            Err(Reject::OldBoot { .. } | Reject::OldSeq { .. }) => "stale",
+            Err(Reject::Backwards { .. }) => "malformed",
             Ok(_) => "accepted",
         };
         assert_eq!(got, want, "{u:?}");
@@ -66,7 +65,7 @@ fn restart_resets_counters_and_keeps_totals() {
     let a = t.apply(&upd(0, 6, 1, [0, 0, 1, 0, 0]), t0).unwrap();
     assert!(a.restarted);
     let e = t.get(0);
-    assert_eq!((e.boot, e.seq, e.counts, e.finished_before, e.failed_before), (6, 1, [0, 0, 1, 0, 0], 7, 2));
+    assert_eq!((e.boot, e.seq, e.counts.to_array(), e.finished_before, e.failed_before), (6, 1, [0, 0, 1, 0, 0], 7, 2));
 }
 
 #[test]
@@ -110,7 +109,7 @@ fn a_down_rank_accepts_a_lower_boot_as_a_restart() {
     let t0 = Instant::now();
     t.apply(&upd(0, 500, 7, [0, 0, 9, 9, 0]), t0).unwrap();
     // While up, a lower boot is a stale incarnation.
-    assert!(matches!(t.apply(&upd(0, 400, 1, [0; 5]), t0), Err(StatsReject::Stale(_))));
+    assert!(matches!(t.apply(&upd(0, 400, 1, [0; 5]), t0), Err(Reject::OldBoot { boot: 400, current: 500 })));
     t.tick(ms(t0, 3000));
     assert_eq!(t.get(0).status, Status::Down);
     // Down: the engine came back with a clock that stepped back.
@@ -118,7 +117,7 @@ fn a_down_rank_accepts_a_lower_boot_as_a_restart() {
     assert!(a.restarted);
     t.apply(&upd(0, 400, 2, [0, 0, 1, 0, 0]), ms(t0, 3200)).unwrap();
     let e = t.get(0);
-    assert_eq!((e.status, e.boot, e.counts, e.finished_before), (Status::Up, 400, [0, 0, 1, 0, 0], 9));
+    assert_eq!((e.status, e.boot, e.counts.to_array(), e.finished_before), (Status::Up, 400, [0, 0, 1, 0, 0], 9));
 }
 
 #[test]
@@ -136,7 +135,7 @@ fn ttft_far_above_the_median_is_penalized() {
     let mut t = table(3);
     let t0 = Instant::now();
     for (rank, ttft) in [(0, 100.0), (1, 100.0), (2, 400.0)] {
-        t.apply(&StatsUpdate { ttft_ms: Some(ttft), ..upd(rank, 1, 1, [0; 5]) }, t0).unwrap();
+        t.apply(&upd(rank, 1, 1, [0; 5]).ttft_ms(ttft), t0).unwrap();
     }
     t.tick(t0);
     let penalties: Vec<f64> = t.iter().map(|e| e.penalty).collect();
@@ -148,12 +147,64 @@ fn failed_health_reports_raise_penalty_which_decays() {
     let mut t = table(2);
     let t0 = Instant::now();
     t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
-    t.record_health_report(0, false, t0);
-    t.record_health_report(0, false, t0);
-    t.record_health_report(0, true, t0);
+    let mut health = t.health_handle();
+    health.record(0, false, t0);
+    health.record(0, false, t0);
+    health.record(0, true, t0);
+    health.record(7, false, t0); // out of range: ignored
     t.tick(t0);
     assert_eq!(t.get(0).penalty, 2.0);
     t.tick(ms(t0, 5000));
     assert!((t.get(0).penalty - 1.0).abs() < 1e-9, "{}", t.get(0).penalty);
     assert_eq!(t.get(1).penalty, 0.0);
+}
+
+#[test]
+fn reject_messages_name_the_rule() {
+    let mut t = table(2);
+    let t0 = Instant::now();
+    t.apply(&upd(0, 5, 10, [0, 0, 10, 5, 1]), t0).unwrap();
+    let msg = |u: LoadReport, t: &mut EngineTable| t.apply(&u, t0).unwrap_err().to_string();
+    assert_eq!(msg(upd(2, 5, 11, [0; 5]), &mut t), "rank 2 is outside 0..2");
+    assert_eq!(msg(upd(0, 4, 11, [0; 5]), &mut t), "boot 4 is older than the current boot 5");
+    assert_eq!(msg(upd(0, 5, 10, [0; 5]), &mut t), "seq 10 is not above the last accepted seq 10");
+    assert_eq!(
+        msg(upd(0, 5, 11, [0, 0, 10, 4, 1]), &mut t),
+        "counter `finished` went backwards within boot 5 (5 -> 4)"
+    );
+}
+
+#[test]
+fn resize_grows_unknown_ranks_and_shrinking_a_routable_one_moves_the_epoch() {
+    let mut t = table(2);
+    let t0 = Instant::now();
+    t.apply(&upd(1, 1, 1, [0; 5]), t0).unwrap();
+    assert_eq!(t.epoch(), 1);
+    t.resize(4);
+    assert_eq!((t.dp_size(), t.get(3).status, t.epoch()), (4, Status::Unknown, 1));
+    t.apply(&upd(3, 1, 1, [0; 5]), t0).unwrap();
+    assert_eq!(t.epoch(), 2);
+    // Dropping ranks 2 and 3 removes a routable rank: one epoch step.
+    t.resize(2);
+    assert_eq!((t.dp_size(), t.epoch()), (2, 3));
+    assert!(matches!(t.apply(&upd(3, 1, 2, [0; 5]), t0), Err(Reject::UnknownRank { rank: 3, dp_size: 2 })));
+    // Dropping only unknown ranks leaves the epoch alone.
+    t.resize(5);
+    t.resize(2);
+    assert_eq!(t.epoch(), 3);
+}
+
+#[test]
+fn reloaded_liveness_applies_from_the_next_tick() {
+    let mut t = table(1);
+    let t0 = Instant::now();
+    t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
+    let mut s = settings(1);
+    s.engines.stale_after = Duration::from_millis(200);
+    s.engines.down_after = Duration::from_millis(400);
+    t.reload(&s);
+    t.tick(ms(t0, 250));
+    assert_eq!(t.get(0).status, Status::Stale);
+    t.tick(ms(t0, 400));
+    assert_eq!(t.get(0).status, Status::Down);
 }

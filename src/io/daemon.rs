@@ -6,7 +6,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::io::transport::{self, Sockets, TransportError};
+use crate::io::sockets::{Sockets, TransportError};
+use crate::io::transport;
 use crate::observability::metrics::Metrics;
 use crate::routing::{Coordinator, Published};
 
@@ -26,7 +27,7 @@ impl Daemon {
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
-        let mut coord = Coordinator::new(cfg, metrics, Instant::now());
+        let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now());
         let published = coord.published();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);

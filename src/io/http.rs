@@ -168,7 +168,7 @@ mod tests {
         RankView {
             rank,
             status,
-            counts: [0; 5],
+            counts: Default::default(),
             pending: 0,
             routed: 0,
             penalty: 0.0,

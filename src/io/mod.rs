@@ -4,4 +4,6 @@
 pub mod access;
 pub mod daemon;
 pub mod http;
+pub mod sockets;
 pub mod transport;
+mod zap;

@@ -46,9 +46,59 @@ impl StatsResult {
     }
 }
 
+/// The labelled families behind [`RankMetrics`], kept so that ranks can
+/// be added and removed at run time.
+struct RankFamilies {
+    routed: IntCounterVec,
+    requests: IntGaugeVec,
+    finished: IntCounterVec,
+    failed: IntCounterVec,
+    up: IntGaugeVec,
+    penalty: prometheus::GaugeVec,
+    age: prometheus::GaugeVec,
+}
+
+impl RankFamilies {
+    fn handles(&self, rank: usize) -> RankMetrics {
+        let k = rank.to_string();
+        let m = RankMetrics {
+            routed_user: self.routed.with_label_values(&[&k, "user"]),
+            routed_health: self.routed.with_label_values(&[&k, "health"]),
+            waiting: self.requests.with_label_values(&[&k, "waiting"]),
+            running: self.requests.with_label_values(&[&k, "running"]),
+            pending: self.requests.with_label_values(&[&k, "pending"]),
+            finished: self.finished.with_label_values(&[&k]),
+            failed: self.failed.with_label_values(&[&k]),
+            up: self.up.with_label_values(&[&k]),
+            penalty: self.penalty.with_label_values(&[&k]),
+            age: self.age.with_label_values(&[&k]),
+        };
+        m.age.set(f64::NAN);
+        m
+    }
+
+    /// Removes every series of `rank`; a rank that comes back starts from 0.
+    fn remove(&self, rank: usize) {
+        let k = rank.to_string();
+        // Each series was created by `handles`, so removal finds it.
+        for class in ["user", "health"] {
+            let _ = self.routed.remove_label_values(&[&k, class]);
+        }
+        for state in ["waiting", "running", "pending"] {
+            let _ = self.requests.remove_label_values(&[&k, state]);
+        }
+        let _ = self.finished.remove_label_values(&[&k]);
+        let _ = self.failed.remove_label_values(&[&k]);
+        let _ = self.up.remove_label_values(&[&k]);
+        let _ = self.penalty.remove_label_values(&[&k]);
+        let _ = self.age.remove_label_values(&[&k]);
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub ranks: Vec<RankMetrics>,
+    families: RankFamilies,
     errors: Vec<IntCounter>,
     stats: Vec<IntCounter>,
     pub route_duration: Histogram,
@@ -187,28 +237,11 @@ impl Metrics {
                 &["socket"],
             )),
         );
-        let ranks = (0..dp_size)
-            .map(|rank| {
-                let k = rank.to_string();
-                let m = RankMetrics {
-                    routed_user: routed.with_label_values(&[&k, "user"]),
-                    routed_health: routed.with_label_values(&[&k, "health"]),
-                    waiting: requests.with_label_values(&[&k, "waiting"]),
-                    running: requests.with_label_values(&[&k, "running"]),
-                    pending: requests.with_label_values(&[&k, "pending"]),
-                    finished: finished.with_label_values(&[&k]),
-                    failed: failed.with_label_values(&[&k]),
-                    up: up.with_label_values(&[&k]),
-                    penalty: penalty.with_label_values(&[&k]),
-                    age: age.with_label_values(&[&k]),
-                };
-                m.age.set(f64::NAN);
-                m
-            })
-            .collect();
-        Metrics {
+        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age };
+        let mut m = Metrics {
             registry: r,
-            ranks,
+            ranks: Vec::new(),
+            families,
             errors: ErrorCode::ALL.iter().map(|c| errors.with_label_values(&[c.as_str()])).collect(),
             stats: StatsResult::ALL.iter().map(|s| stats.with_label_values(&[s.as_str()])).collect(),
             route_duration: duration.with_label_values(&["route"]),
@@ -218,6 +251,20 @@ impl Metrics {
             epoch,
             stats_missed,
             access_denied: ["route", "health", "stats"].map(|s| access_denied.with_label_values(&[s])),
+        };
+        m.resize(dp_size);
+        m
+    }
+
+    /// Creates the series of new ranks and removes those of ranks gone.
+    pub fn resize(&mut self, dp_size: u32) {
+        let n = dp_size as usize;
+        while self.ranks.len() > n {
+            self.ranks.pop();
+            self.families.remove(self.ranks.len());
+        }
+        while self.ranks.len() < n {
+            self.ranks.push(self.families.handles(self.ranks.len()));
         }
     }
 
@@ -288,6 +335,23 @@ mod tests {
         assert_eq!(count("dpcoord_route_errors_total"), ErrorCode::ALL.len());
         assert_eq!(count("dpcoord_stats_messages_total"), StatsResult::ALL.len());
         assert_eq!(count("dpcoord_route_duration_seconds"), 2);
+    }
+
+    #[test]
+    fn resize_adds_and_removes_every_series_of_a_rank() {
+        let mut m = Metrics::new(2);
+        let series = |m: &Metrics, name: &str| {
+            let families = m.registry.gather();
+            families.iter().find(|f| f.name() == name).map_or(0, |f| f.get_metric().len())
+        };
+        m.ranks[1].routed_user.inc();
+        m.resize(4);
+        assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_requests")), (8, 12));
+        m.resize(1);
+        assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_up")), (2, 1));
+        // A rank that comes back starts over.
+        m.resize(2);
+        assert_eq!(m.ranks[1].routed_user.get(), 0);
     }
 
     #[test]

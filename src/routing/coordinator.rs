@@ -1,23 +1,34 @@
 //! The coordinator: the single owner of all routing state.
 //!
-//! The transport hands it raw payloads with the time they arrived; it
-//! decodes them, decides, keeps the books and writes the reply bytes. It
-//! does no I/O, so it can be driven directly by tests and benchmarks.
+//! The transport hands it source messages and queries with the time they
+//! arrived; it decodes them, decides, keeps the books and writes the reply
+//! bytes. It does no I/O, so tests and benchmarks drive it directly.
+//!
+//! Route and health queries are different types from the decoder on: a
+//! route query is answered with the user dispatcher, a health probe by the
+//! [`HealthDispatcher`] with a [`crate::engines::HealthHandle`] and nothing
+//! else. The rank count and the routing settings are runtime state:
+//! [`Coordinator::reload`] swaps them at the next tick.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::fmt::Display;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::config::Config;
-use crate::engines::{EngineTable, StatsReject, RUNNING, WAITING};
-use crate::health::{self, HealthDispatcher};
+use super::published::Published;
+use super::user::UserDispatcher;
+use crate::config::Settings;
+use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
+use crate::health::{HealthDispatcher, Served};
 use crate::observability::metrics::{Metrics, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
-use crate::routing::user::UserDispatcher;
-use crate::wire::{self, Channel, Op, Query, QueryLimits, RankView, StateView, WireError};
+use crate::wire::{self, Channel, HealthOp, Id, QueryLimits, RouteOp, RouteRequest, SourceKind, WireError};
 
 pub struct Coordinator {
+    settings: Settings,
+    /// Settings waiting for the next tick.
+    reloaded: Option<Settings>,
     limits: QueryLimits,
-    tick_every: Duration,
     next_tick: Instant,
     engines: EngineTable,
     user: UserDispatcher,
@@ -31,49 +42,37 @@ pub struct Coordinator {
     published: Arc<Published>,
 }
 
-/// What the coordinator shares with other threads (the HTTP server): a
-/// snapshot of the engine table, replaced on every tick. Routing state
-/// itself is never shared.
-#[derive(Debug)]
-pub struct Published {
-    state: Mutex<Arc<StateView>>,
+fn limits(s: &Settings) -> QueryLimits {
+    QueryLimits {
+        dp_size: s.engines.dp_size,
+        max_batch: s.limits.max_batch,
+        max_message_bytes: s.limits.max_message_bytes,
+    }
 }
 
-impl Published {
-    /// The engine table as of the last tick.
-    pub fn state(&self) -> Arc<StateView> {
-        match self.state.lock() {
-            Ok(s) => Arc::clone(&s),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
-    }
-
-    fn set(&self, view: StateView) {
-        let view = Arc::new(view);
-        match self.state.lock() {
-            Ok(mut s) => *s = view,
-            Err(poisoned) => *poisoned.into_inner() = view,
-        }
+/// The `result` label of a report the engine table refused.
+fn reject_result(r: &Reject) -> StatsResult {
+    match r {
+        Reject::UnknownRank { .. } => StatsResult::UnknownRank,
+        Reject::OldBoot { .. } | Reject::OldSeq { .. } => StatsResult::Stale,
+        Reject::Backwards { .. } => StatsResult::Malformed,
     }
 }
 
 impl Coordinator {
-    pub fn new(cfg: &Config, metrics: Metrics, now: Instant) -> Self {
+    pub fn new(settings: &Settings, metrics: Metrics, now: Instant) -> Self {
         let c = Coordinator {
-            limits: QueryLimits {
-                dp_size: cfg.settings.engines.dp_size,
-                max_batch: cfg.settings.limits.max_batch,
-                max_message_bytes: cfg.settings.limits.max_message_bytes,
-            },
-            tick_every: cfg.settings.routing.tick,
-            next_tick: now + cfg.settings.routing.tick,
-            engines: EngineTable::new(cfg),
-            user: UserDispatcher::new(cfg, now),
+            settings: settings.clone(),
+            reloaded: None,
+            limits: limits(settings),
+            next_tick: now + settings.routing.tick,
+            engines: EngineTable::new(settings),
+            user: UserDispatcher::new(settings, now),
             health: HealthDispatcher::default(),
             metrics,
             drops: LogLimiter::default(),
-            placed: Vec::with_capacity(cfg.settings.limits.max_batch as usize),
-            published: Arc::new(Published { state: Mutex::new(Arc::new(StateView::default())) }),
+            placed: Vec::with_capacity(settings.limits.max_batch as usize),
+            published: Arc::new(Published::default()),
         };
         c.published.set(c.state_view(now));
         c
@@ -88,46 +87,75 @@ impl Coordinator {
         self.next_tick
     }
 
-    /// One engine stats update.
-    pub fn on_stats(&mut self, bytes: &[u8], now: Instant) {
-        let outcome = if bytes.len() > self.limits.max_message_bytes {
-            Err(StatsReject::Malformed(format!("update is {} bytes, above max_message_bytes", bytes.len())))
-        } else {
-            wire::decode_stats(bytes).map_err(StatsReject::Malformed).and_then(|u| self.engines.apply(&u, now))
-        };
-        match outcome {
-            Ok(accepted) => {
-                self.user.on_report(&accepted, &self.engines);
-                self.metrics.stats(StatsResult::Ok);
-                self.metrics.stats_missed.inc_by(accepted.missed);
-            }
-            Err(reject) => {
-                let (result, why) = match reject {
-                    StatsReject::UnknownRank(r) => {
-                        (StatsResult::UnknownRank, format!("rank {r} is outside 0..{}", self.limits.dp_size))
-                    }
-                    StatsReject::Stale(why) => (StatsResult::Stale, why),
-                    StatsReject::Malformed(why) => (StatsResult::Malformed, why),
-                };
-                self.metrics.stats(result);
-                let cause = StatsResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
-                if let Some(suppressed) = self.drops.allow(cause, now) {
-                    tracing::warn!(result = result.as_str(), reason = %why, suppressed, "dropped a stats update");
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The settings in force (a reload shows here after the next tick).
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// New settings, applied at the next tick: the rank count (every
+    /// per-rank structure grows or shrinks), liveness, penalties, policy,
+    /// weights, sessions, TTLs and limits.
+    pub fn reload(&mut self, settings: Settings) {
+        self.reloaded = Some(settings);
+    }
+
+    /// One message from an engine source: every frame, or `None` when it
+    /// had more frames than the transport keeps.
+    pub fn on_source<F: Deref<Target = [u8]>>(&mut self, kind: SourceKind, frames: Option<&[F]>, now: Instant) {
+        match wire::decode_source(kind, frames, self.limits.max_message_bytes) {
+            Ok(event) => self.on_event(event, now),
+            Err(e) => self.dropped(StatsResult::Malformed, &e, now),
+        }
+    }
+
+    /// One decoded engine event.
+    pub fn on_event(&mut self, event: EngineEvent, now: Instant) {
+        match event {
+            EngineEvent::Load(report) => match self.engines.apply(&report, now) {
+                Ok(accepted) => {
+                    self.user.on_report(&accepted, &self.engines);
+                    self.metrics.stats(StatsResult::Ok);
+                    self.metrics.stats_missed.inc_by(accepted.missed);
                 }
-            }
+                Err(reject) => self.dropped(reject_result(&reject), &reject, now),
+            },
+        }
+    }
+
+    /// Counts a dropped source message; the reason is formatted only when logged.
+    fn dropped(&mut self, result: StatsResult, why: &dyn Display, now: Instant) {
+        self.metrics.stats(result);
+        let cause = StatsResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
+        if let Some(suppressed) = self.drops.allow(cause, now) {
+            tracing::warn!(result = result.as_str(), reason = %why, suppressed, "dropped a stats update");
         }
     }
 
     /// One query from `ch`; the reply is written into `out`.
     pub fn on_query(&mut self, ch: Channel, bytes: &[u8], now: Instant, out: &mut Vec<u8>) {
-        match wire::decode_query(bytes, ch, &self.limits) {
-            Ok(q) => {
-                tracing::trace!(channel = ch.as_str(), query = ?q, "query");
-                if let Err(e) = self.answer(&q, now, out) {
-                    self.refuse(q.id, &e, out);
+        match ch {
+            Channel::Route => match wire::decode_route_query(bytes, &self.limits) {
+                Ok(q) => {
+                    tracing::trace!(query = ?q, "route query");
+                    if let Err(e) = self.answer_route(q.id, q.op, now, out) {
+                        self.refuse(q.id, &e, out);
+                    }
                 }
-            }
-            Err(rej) => self.refuse(rej.id, &rej.error, out),
+                Err(rej) => self.refuse(rej.id, &rej.error, out),
+            },
+            Channel::Health => match wire::decode_health_query(bytes, &self.limits) {
+                Ok(q) => {
+                    tracing::trace!(query = ?q, "health query");
+                    if let Err(e) = self.answer_health(q.id, q.op, now, out) {
+                        self.refuse(q.id, &e, out);
+                    }
+                }
+                Err(rej) => self.refuse(rej.id, &rej.error, out),
+            },
         }
         self.observe(ch, now);
     }
@@ -150,95 +178,105 @@ impl Coordinator {
         hist.observe(since.elapsed().as_secs_f64());
     }
 
-    fn refuse(&self, id: Option<wire::Id<'_>>, e: &WireError, out: &mut Vec<u8>) {
+    fn refuse(&self, id: Option<Id<'_>>, e: &WireError, out: &mut Vec<u8>) {
         tracing::debug!(code = e.code.as_str(), message = %e.message, "query refused");
         self.metrics.error(e.code);
         wire::encode_error(out, id, e);
     }
 
-    fn answer(&mut self, q: &Query<'_>, now: Instant, out: &mut Vec<u8>) -> Result<(), WireError> {
+    /// Places one decoded route request: its ranks land in `out`. On error
+    /// nothing changed.
+    pub fn place(&mut self, req: &RouteRequest<'_>, now: Instant, out: &mut Vec<u32>) -> Result<(), Unroutable> {
+        self.user.route(req, &self.engines, now, out)
+    }
+
+    fn answer_route(
+        &mut self,
+        id: Option<Id<'_>>,
+        op: RouteOp<'_>,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WireError> {
         let epoch = self.engines.epoch();
-        match &q.op {
-            Op::Ping => wire::encode_ok(out, q.id, Some(epoch)),
-            Op::State => wire::encode_state(out, q.id, &self.state_view(now)),
-            Op::Route(req) => {
-                self.user.route(req, &self.engines, now, &mut self.placed)?;
-                for &r in &self.placed {
-                    self.metrics.ranks[r as usize].routed_user.inc();
+        match op {
+            RouteOp::Ping => wire::encode_ok(out, id, Some(epoch)),
+            RouteOp::State => wire::encode_state(out, id, &self.state_view(now)),
+            RouteOp::Route(req) => {
+                let mut placed = std::mem::take(&mut self.placed);
+                let result = self.place(&req, now, &mut placed);
+                if result.is_ok() {
+                    for &r in &placed {
+                        self.metrics.ranks[r as usize].routed_user.inc();
+                    }
+                    wire::encode_ranks(out, id, &placed, epoch);
                 }
-                wire::encode_ranks(out, q.id, &self.placed, epoch);
-            }
-            // The health arms see the health dispatcher and the engine
-            // table, never `self.user`: the isolation invariant.
-            Op::HealthRoute(target) => {
-                let rank = self.health.route(*target, &self.engines)?;
-                self.metrics.ranks[rank as usize].routed_health.inc();
-                wire::encode_health_rank(out, q.id, rank, epoch);
-            }
-            Op::HealthReport { rank, ok } => {
-                health::report(&mut self.engines, *rank, *ok, now);
-                wire::encode_ok(out, q.id, None);
+                self.placed = placed;
+                result?;
             }
         }
         Ok(())
     }
 
-    /// Liveness, epoch, pending expiry, penalties and gauges.
+    /// The health socket's answers: ping and state read; a probe goes to
+    /// the health dispatcher with the engines' health handle, nothing more.
+    fn answer_health(
+        &mut self,
+        id: Option<Id<'_>>,
+        op: HealthOp,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WireError> {
+        let epoch = self.engines.epoch();
+        match op {
+            HealthOp::Ping => wire::encode_ok(out, id, Some(epoch)),
+            HealthOp::State => wire::encode_state(out, id, &self.state_view(now)),
+            HealthOp::Probe(probe) => match self.health.serve(probe, self.engines.health_handle(), now)? {
+                Served::Routed(rank) => {
+                    self.metrics.ranks[rank as usize].routed_health.inc();
+                    wire::encode_health_rank(out, id, rank, epoch);
+                }
+                Served::Recorded => wire::encode_ok(out, id, None),
+            },
+        }
+        Ok(())
+    }
+
+    /// Reloaded settings, liveness, epoch, pending expiry, penalties and gauges.
     pub fn tick(&mut self, now: Instant) {
         let started = Instant::now();
+        if let Some(settings) = self.reloaded.take() {
+            self.apply(settings, now);
+        }
         self.engines.tick(now);
         self.user.tick(now, &self.engines);
-        self.export(now);
+        super::export::export(&self.engines, &self.user, &self.metrics, now);
         self.published.set(self.state_view(now));
-        self.next_tick = now + self.tick_every;
+        self.next_tick = now + self.settings.routing.tick;
         self.metrics.tick_duration.observe(started.elapsed().as_secs_f64());
     }
 
-    fn export(&mut self, now: Instant) {
-        for (rank, (e, m)) in self.engines.iter().zip(&self.metrics.ranks).enumerate() {
-            // Engines may report anything up to u64::MAX: saturate, never wrap.
-            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            m.waiting.set(gauge(e.counts[WAITING]));
-            m.running.set(gauge(e.counts[RUNNING]));
-            m.pending.set(gauge(self.user.pending(rank as u32)));
-            let finished = e.finished_before.saturating_add(e.counts[crate::engines::FINISHED]);
-            let failed = e.failed_before.saturating_add(e.counts[crate::engines::FAILED]);
-            m.finished.inc_by(finished.saturating_sub(m.finished.get()));
-            m.failed.inc_by(failed.saturating_sub(m.failed.get()));
-            m.up.set(i64::from(e.status.is_routable()));
-            m.penalty.set(e.penalty);
-            m.age.set(e.age(now).map_or(f64::NAN, |a| a.as_secs_f64()));
+    fn apply(&mut self, settings: Settings, now: Instant) {
+        let dp = settings.engines.dp_size;
+        if dp != self.engines.dp_size() {
+            tracing::info!(from = self.engines.dp_size(), to = dp, "dp_size changed");
+            self.engines.resize(dp);
+            self.user.resize(dp);
+            self.health.resize(dp);
+            self.metrics.resize(dp);
         }
-        self.metrics.dispatch_stddev.set(self.user.dispatch_stddev(&self.engines));
-        self.metrics.epoch.set(self.engines.epoch() as i64);
+        self.engines.reload(&settings);
+        self.user.reload(&settings, now);
+        self.limits = limits(&settings);
+        self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
+        self.settings = settings;
     }
 
     /// The engine table as the `state` op and `/state` show it.
-    pub fn state_view(&self, now: Instant) -> StateView {
-        let ranks = self
-            .engines
-            .iter()
-            .enumerate()
-            .map(|(rank, e)| {
-                let rank = rank as u32;
-                let known = e.last_update.is_some();
-                RankView {
-                    rank,
-                    status: e.status.as_str(),
-                    counts: e.counts,
-                    pending: self.user.pending(rank),
-                    routed: self.user.routed(rank),
-                    penalty: e.penalty,
-                    age_ms: e.age(now).map(|a| a.as_millis() as u64),
-                    boot: known.then_some(e.boot),
-                    load: self.user.load(rank, &self.engines),
-                }
-            })
-            .collect();
-        StateView { epoch: self.engines.epoch(), policy: self.user.policy().as_str(), ranks }
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+    pub fn state_view(&self, now: Instant) -> wire::StateView {
+        super::export::state_view(&self.engines, &self.user, now)
     }
 }
+
+#[cfg(test)]
+#[path = "coordinator_tests.rs"]
+mod tests;

@@ -1,10 +1,19 @@
 //! User routing: the coordinator and everything only it may reach.
+//!
+//! The user dispatcher, the placement ledgers, sessions, the dispatch
+//! window and the policies are private to this module: code outside it
+//! (the health channel above all) cannot name them. Only the coordinator,
+//! the published snapshot and the policy names are public.
 
 mod coordinator;
+mod export;
 mod ledger;
-pub mod policy;
+mod policy;
+mod published;
 mod session;
 mod user;
 mod window;
 
-pub use coordinator::{Coordinator, Published};
+pub use coordinator::Coordinator;
+pub use policy::PolicyKind;
+pub use published::Published;

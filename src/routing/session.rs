@@ -29,6 +29,12 @@ impl SessionTable {
         SessionTable { map: LruCache::new(cap), hasher: RandomState::new(), ttl: cfg.ttl }
     }
 
+    /// New capacity (the least recently used go first when it shrinks) and TTL.
+    pub fn reconfigure(&mut self, cfg: &Sessions) {
+        self.map.resize(NonZeroUsize::new(cfg.capacity).unwrap_or(NonZeroUsize::MIN));
+        self.ttl = cfg.ttl;
+    }
+
     /// The session's rank, if it has a live one. Changes nothing.
     pub fn peek(&self, key: &str, now: Instant) -> Option<u32> {
         let live = |&&(_, used): &&(u32, Instant)| now.saturating_duration_since(used) < self.ttl;
@@ -62,5 +68,9 @@ mod tests {
         assert_eq!((t.peek("a", t0), t.peek("b", t0), t.peek("c", t0)), (Some(3), None, Some(0)));
         assert_eq!(t.len(), 2);
         assert_eq!(t.peek("a", t0 + Duration::from_secs(10)), None);
+        // Shrinking keeps the most recently used; a shorter TTL applies at once.
+        t.reconfigure(&Sessions { capacity: 1, ttl: Duration::from_secs(5), ..cfg });
+        assert_eq!((t.len(), t.peek("c", t0), t.peek("a", t0)), (1, Some(0), None));
+        assert_eq!(t.peek("c", t0 + Duration::from_secs(5)), None);
     }
 }

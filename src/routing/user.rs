@@ -4,60 +4,94 @@
 //! that breaks load ties), the power_of_two RNG, each rank's placement
 //! ledger (`routed`, `pending`), the session table, the cached per-rank
 //! costs, and the sliding window behind `dpcoord_user_dispatch_stddev`.
-//! Health code never receives it (see `health.rs`).
+//! It is private to `routing`: the health channel cannot name it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use crate::config::{Config, PolicyKind};
-use crate::engines::{Accepted, EngineTable};
-use crate::health::{check_fixed, no_engine};
-use crate::routing::ledger::Ledger;
-use crate::routing::policy::picker as policy;
-use crate::routing::policy::scorer::LoadModel;
-use crate::routing::session::SessionTable;
-use crate::routing::window::DispatchWindow;
-use crate::wire::{RouteRequest, WireError};
+use super::ledger::Ledger;
+use super::policy::{Candidates, Policy, PolicyKind};
+use super::session::SessionTable;
+use super::window::DispatchWindow;
+use crate::config::Settings;
+use crate::engines::routable::check_fixed;
+use crate::engines::{Accepted, EngineTable, Unroutable};
+use crate::wire::RouteRequest;
 
 #[derive(Debug)]
 pub struct UserDispatcher {
-    model: LoadModel,
+    policy: Policy,
     cursor: u32,
+    seed: u64,
     rng: SmallRng,
     ledgers: Vec<Ledger>,
-    /// `model.cost` of every rank, kept current: infinity when not routable.
+    /// The scorer's cost of every rank, kept current: infinity when not routable.
     costs: Vec<f64>,
-    /// Routable ranks, rebuilt when the engine table's epoch moves.
+    /// Routable ranks, ascending, rebuilt when the engine table's epoch moves.
     routable: Vec<u32>,
     synced_epoch: Option<u64>,
     sessions: SessionTable,
     session_ratio: f64,
-    pending_ttl: std::time::Duration,
+    pending_ttl: Duration,
     window: DispatchWindow,
 }
 
 impl UserDispatcher {
-    pub fn new(cfg: &Config, now: Instant) -> Self {
-        let dp = cfg.settings.engines.dp_size as usize;
-        UserDispatcher {
-            model: LoadModel { policy: cfg.settings.routing.policy, weights: cfg.settings.routing.weights },
+    pub fn new(s: &Settings, now: Instant) -> Self {
+        let r = &s.routing;
+        let mut d = UserDispatcher {
+            policy: r.policy.parts(r.weights),
             cursor: 0,
-            rng: SmallRng::seed_from_u64(cfg.settings.routing.seed),
-            ledgers: vec![Ledger::default(); dp],
-            costs: vec![f64::INFINITY; dp],
-            routable: Vec::with_capacity(dp),
+            seed: r.seed,
+            rng: SmallRng::seed_from_u64(r.seed),
+            ledgers: Vec::new(),
+            costs: Vec::new(),
+            routable: Vec::new(),
             synced_epoch: None,
-            sessions: SessionTable::new(&cfg.settings.routing.sessions),
-            session_ratio: cfg.settings.routing.sessions.max_load_ratio,
-            pending_ttl: cfg.settings.routing.pending_ttl,
-            window: DispatchWindow::new(dp, cfg.settings.routing.imbalance_window, now),
+            sessions: SessionTable::new(&r.sessions),
+            session_ratio: r.sessions.max_load_ratio,
+            pending_ttl: r.pending_ttl,
+            window: DispatchWindow::new(0, r.imbalance_window, now),
+        };
+        d.resize(s.engines.dp_size);
+        d
+    }
+
+    /// Grows or shrinks every per-rank structure to `dp_size` ranks (the
+    /// engine table is resized first). A session bound to a rank that no
+    /// longer exists is placed again on its next request.
+    pub fn resize(&mut self, dp_size: u32) {
+        let n = dp_size as usize;
+        self.ledgers.resize_with(n, Ledger::default);
+        self.costs.resize(n, f64::INFINITY);
+        self.window.resize(n);
+        self.cursor = self.cursor.checked_rem(dp_size).unwrap_or(0);
+        self.synced_epoch = None;
+    }
+
+    /// Takes new routing settings: policy, weights, sessions, pending TTL,
+    /// imbalance window and seed. Ledgers, sessions and the cursor carry over;
+    /// costs are recomputed on the next query.
+    pub fn reload(&mut self, s: &Settings, now: Instant) {
+        let r = &s.routing;
+        self.policy = r.policy.parts(r.weights);
+        self.sessions.reconfigure(&r.sessions);
+        self.session_ratio = r.sessions.max_load_ratio;
+        self.pending_ttl = r.pending_ttl;
+        if self.window.length() != r.imbalance_window {
+            self.window = DispatchWindow::new(self.ledgers.len(), r.imbalance_window, now);
         }
+        if self.seed != r.seed {
+            self.seed = r.seed;
+            self.rng = SmallRng::seed_from_u64(r.seed);
+        }
+        self.synced_epoch = None;
     }
 
     pub fn policy(&self) -> PolicyKind {
-        self.model.policy
+        self.policy.kind
     }
 
     pub fn routed(&self, rank: u32) -> u64 {
@@ -68,9 +102,9 @@ impl UserDispatcher {
         self.ledgers[rank as usize].pending
     }
 
-    /// The policy's load estimate of `rank`.
+    /// The scorer's load estimate of `rank`.
     pub fn load(&self, rank: u32, engines: &EngineTable) -> f64 {
-        self.model.load(engines.get(rank), &self.ledgers[rank as usize])
+        self.policy.scorer.load(engines.get(rank), &self.ledgers[rank as usize])
     }
 
     #[cfg(test)]
@@ -80,7 +114,7 @@ impl UserDispatcher {
 
     fn refresh(&mut self, rank: u32, engines: &EngineTable) {
         let r = rank as usize;
-        self.costs[r] = self.model.cost(engines.get(rank), &self.ledgers[r]);
+        self.costs[r] = self.policy.scorer.cost(engines.get(rank), &self.ledgers[r]);
     }
 
     /// Recomputes every cost and the routable list.
@@ -102,7 +136,7 @@ impl UserDispatcher {
         engines: &EngineTable,
         now: Instant,
         out: &mut Vec<u32>,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), Unroutable> {
         out.clear();
         if self.synced_epoch != Some(engines.epoch()) {
             self.refresh_all(engines);
@@ -133,13 +167,13 @@ impl UserDispatcher {
         req: &RouteRequest<'_>,
         engines: &EngineTable,
         now: Instant,
-    ) -> Result<Option<u32>, WireError> {
+    ) -> Result<Option<u32>, Unroutable> {
         if let Some(rank) = req.target.fixed_rank(engines.dp_size()) {
             // Pins and rooms count as load but leave the cursor alone.
             return check_fixed(engines, rank, req.target).map(Some);
         }
         if self.routable.is_empty() {
-            return Err(no_engine(engines));
+            return Err(Unroutable::NoEngine { dp_size: engines.dp_size() });
         }
         let Some(key) = req.session else { return Ok(None) };
         let rank = match self.sessions.peek(key, now).filter(|&r| self.keeps_session(r)) {
@@ -153,18 +187,15 @@ impl UserDispatcher {
     /// A session stays while its rank is routable and not overloaded.
     fn keeps_session(&self, rank: u32) -> bool {
         let cheapest = self.routable.iter().map(|&r| self.costs[r as usize]).fold(f64::INFINITY, f64::min);
-        let cost = self.costs[rank as usize];
+        let cost = self.costs.get(rank as usize).copied().unwrap_or(f64::INFINITY);
         cost.is_finite() && cost <= self.session_ratio * cheapest
     }
 
     /// The policy's choice among routable ranks (at least one exists).
     fn pick(&mut self, engines: &EngineTable) -> u32 {
-        let chosen = match self.model.policy {
-            PolicyKind::RoundRobin => policy::round_robin(self.cursor, engines),
-            PolicyKind::LeastLoad | PolicyKind::LeastTokens => policy::least_cost(&self.costs, self.cursor as usize),
-            PolicyKind::PowerOfTwo => policy::power_of_two(&self.costs, &self.routable, &mut self.rng),
-        };
-        // `routable` is non-empty and in sync with `costs`, so every policy finds a rank.
+        let candidates = Candidates { engines, costs: &self.costs, routable: &self.routable };
+        let chosen = self.policy.picker.pick(&candidates, self.cursor, &mut self.rng);
+        // `routable` is non-empty and in sync with `costs`, so every picker finds a rank.
         let rank = chosen.unwrap_or(self.routable[0]);
         self.cursor = (rank + 1) % engines.dp_size();
         rank

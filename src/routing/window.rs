@@ -11,6 +11,7 @@ const BUCKETS: usize = 60;
 #[derive(Debug)]
 pub struct DispatchWindow {
     origin: Instant,
+    length: Duration,
     bucket_len: Duration,
     /// The absolute bucket number the ring's newest slot holds.
     head: u64,
@@ -24,12 +25,31 @@ impl DispatchWindow {
     pub fn new(ranks: usize, window: Duration, now: Instant) -> Self {
         DispatchWindow {
             origin: now,
+            length: window,
             bucket_len: (window / BUCKETS as u32).max(Duration::from_millis(1)),
             head: 0,
             rows: vec![0; BUCKETS * ranks],
             totals: vec![0; ranks],
             ranks,
         }
+    }
+
+    /// The window's length, as configured.
+    pub fn length(&self) -> Duration {
+        self.length
+    }
+
+    /// Keeps the counts of ranks below `ranks`; new ranks start at 0.
+    pub fn resize(&mut self, ranks: usize) {
+        let mut rows = vec![0; BUCKETS * ranks];
+        let keep = ranks.min(self.ranks);
+        for b in 0..BUCKETS {
+            let (from, to) = (b * self.ranks, b * ranks);
+            rows[to..to + keep].copy_from_slice(&self.rows[from..from + keep]);
+        }
+        self.rows = rows;
+        self.totals.resize(ranks, 0);
+        self.ranks = ranks;
     }
 
     fn bucket_of(&self, now: Instant) -> u64 {
@@ -95,5 +115,21 @@ mod tests {
         w.record(0, 2, s(1000));
         assert_eq!(w.total(0), 2);
         assert_eq!(w.stddev(0..1), 0.0);
+    }
+
+    #[test]
+    fn resize_keeps_the_counts_of_surviving_ranks() {
+        let t0 = Instant::now();
+        let mut w = DispatchWindow::new(3, Duration::from_secs(60), t0);
+        w.record(0, 2, t0);
+        w.record(2, 5, t0 + Duration::from_secs(1));
+        w.resize(5);
+        assert_eq!((0..5).map(|r| w.total(r)).collect::<Vec<_>>(), [2, 0, 5, 0, 0]);
+        w.record(4, 1, t0);
+        w.resize(1);
+        assert_eq!(w.total(0), 2);
+        // Buckets still age out with the counts they were recorded in.
+        w.advance(t0 + Duration::from_secs(61));
+        assert_eq!(w.total(0), 0);
     }
 }

@@ -83,7 +83,7 @@ pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration)
         let probes = live.probes.get(r.rank as usize).map_or(0, |p| p.load(Ordering::Relaxed));
         out.push_str(&format!(
             "{:>4}  {:<6}  {:>10}  {:>7}  {:>7}  {:>7}  {:>7.2}  {:>6}\n",
-            r.rank, r.status, r.routed, r.counts[0], r.counts[1], r.pending, r.penalty, probes
+            r.rank, r.status, r.routed, r.counts.waiting, r.counts.running, r.pending, r.penalty, probes
         ));
     }
     let routed: Vec<u64> = view.ranks.iter().map(|r| r.routed).collect();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::config::{self, Config, PolicyKind};
+use crate::config::{keys, Config, PolicyKind};
 use crate::io::daemon::Daemon;
 use crate::routing::Published;
 
@@ -59,16 +59,16 @@ pub struct DaemonSettings {
 }
 
 impl DaemonSettings {
-    /// dpcoord's defaults for `ranks` ranks and `policy`.
+    /// dpcoord's defaults (from the key specs) for `ranks` ranks and `policy`.
     pub fn defaults(ranks: u32, policy: &str) -> DaemonSettings {
         DaemonSettings {
             ranks,
             policy: policy.to_owned(),
-            stale_after_ms: 1000,
-            down_after_ms: 3000,
-            tick_ms: 100,
-            pending_ttl_ms: 2000,
-            metrics_bind: "127.0.0.1:9570".into(),
+            stale_after_ms: keys::STALE_AFTER_MS.default,
+            down_after_ms: keys::DOWN_AFTER_MS.default,
+            tick_ms: keys::TICK_MS.default,
+            pending_ttl_ms: keys::PENDING_TTL_MS.default,
+            metrics_bind: keys::METRICS_BIND.default.into(),
         }
     }
 
@@ -77,16 +77,16 @@ impl DaemonSettings {
         let mut t = toml::Table::new();
         let s = |v: &str| toml::Value::String(v.to_owned());
         let i = |v: u64| toml::Value::Integer(v as i64);
-        config::set(&mut t, "server", "route_bind", s(&eps.route));
-        config::set(&mut t, "server", "health_bind", s(&eps.health));
-        config::set(&mut t, "server", "stats_bind", s(&eps.stats));
-        config::set(&mut t, "server", "metrics_bind", s(&self.metrics_bind));
-        config::set(&mut t, "engines", "dp_size", i(self.ranks.into()));
-        config::set(&mut t, "engines", "stale_after_ms", i(self.stale_after_ms));
-        config::set(&mut t, "engines", "down_after_ms", i(self.down_after_ms));
-        config::set(&mut t, "routing", "policy", s(&self.policy));
-        config::set(&mut t, "routing", "tick_ms", i(self.tick_ms));
-        config::set(&mut t, "routing", "pending_ttl_ms", i(self.pending_ttl_ms));
+        keys::ROUTE_BIND.key.set(&mut t, s(&eps.route));
+        keys::HEALTH_BIND.key.set(&mut t, s(&eps.health));
+        keys::STATS_BIND.key.set(&mut t, s(&eps.stats));
+        keys::METRICS_BIND.key.set(&mut t, s(&self.metrics_bind));
+        keys::DP_SIZE.key.set(&mut t, i(self.ranks.into()));
+        keys::STALE_AFTER_MS.key.set(&mut t, i(self.stale_after_ms));
+        keys::DOWN_AFTER_MS.key.set(&mut t, i(self.down_after_ms));
+        keys::POLICY.key.set(&mut t, s(&self.policy));
+        keys::TICK_MS.key.set(&mut t, i(self.tick_ms));
+        keys::PENDING_TTL_MS.key.set(&mut t, i(self.pending_ttl_ms));
         Ok(Config::from_table(t)?)
     }
 }
@@ -137,7 +137,7 @@ impl Drop for Local {
 pub fn accepted_policies() -> Vec<String> {
     let accepted = |name: &str| {
         let mut t = toml::Table::new();
-        config::set(&mut t, "routing", "policy", toml::Value::String(name.to_owned()));
+        keys::POLICY.key.set(&mut t, toml::Value::String(name.to_owned()));
         Config::from_table(t).is_ok()
     };
     PolicyKind::ALL.iter().map(|p| p.as_str()).filter(|n| accepted(n)).map(str::to_owned).collect()

@@ -36,7 +36,7 @@ use std::process::ExitCode;
 use clap::ArgAction;
 
 use crate::config::ConfigError;
-use crate::io::transport::TransportError;
+use crate::io::sockets::TransportError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {

@@ -1,16 +1,25 @@
-//! Bytes <-> typed messages: queries, stats updates and replies.
+//! Bytes <-> typed messages: queries, engine sources and replies.
 //!
-//! This module owns the wire contract (PROTOCOL.md). It does no I/O and holds
-//! no state: the transport hands it frames, the coordinator hands it answers.
+//! This module owns the wire contract (docs/PROTOCOL.md). It does no I/O and
+//! holds no state: the transport hands it frames, it hands back typed
+//! queries and engine events, and the coordinator hands it answers.
 
 pub mod msgpack;
 mod query;
 mod reply;
+mod source;
 mod stats;
 
-pub use query::{decode_query, Channel, Op, Query, QueryLimits, Rejected, RouteRequest, Target};
+pub use crate::engines::Target;
+pub use query::{
+    decode_health_query, decode_route_query, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,
+    RouteRequest,
+};
 pub use reply::{encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView};
-pub use stats::{decode_stats, StatsUpdate};
+pub use source::{decode_source, SourceError, SourceKind};
+pub use stats::{decode_stats, StatsError};
+
+use crate::engines::Unroutable;
 
 use serde::{Serialize, Serializer};
 
@@ -60,6 +69,17 @@ pub struct WireError {
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         WireError { code, message: message.into() }
+    }
+}
+
+/// A placement that cannot be made, as the contract's error.
+impl From<Unroutable> for WireError {
+    fn from(u: Unroutable) -> Self {
+        let code = match u {
+            Unroutable::Rank { .. } => ErrorCode::RankUnavailable,
+            Unroutable::NoEngine { .. } => ErrorCode::NoEngineAvailable,
+        };
+        WireError::new(code, u.to_string())
     }
 }
 

@@ -8,6 +8,7 @@
 
 use super::msgpack::{Reader, Value};
 use super::{ErrorCode, Id, WireError};
+use crate::engines::Target;
 
 /// Which socket a query arrived on; decides which ops are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,36 +26,30 @@ impl Channel {
     }
 }
 
-/// What the query asks for, with its op-specific fields checked.
+/// A query on the route socket, its op-specific fields checked.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Op<'a> {
+pub enum RouteOp<'a> {
     Ping,
     State,
     Route(RouteRequest<'a>),
-    HealthRoute(Target),
-    HealthReport { rank: u32, ok: bool },
 }
 
-/// Where a placement must go, if the query says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    /// The policy decides.
-    Policy,
-    /// An explicit `rank` pin (already checked to be `< dp_size`).
-    Pinned(u32),
-    /// `bootstrap_room % dp_size`, for PD disaggregation.
-    Room(u64),
+/// A query on the health socket. A different type from [`RouteOp`], so a
+/// health query cannot reach the code that answers user routes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HealthOp {
+    Ping,
+    State,
+    Probe(Probe),
 }
 
-impl Target {
-    /// The rank a pinned or room target resolves to; `None` for the policy.
-    pub fn fixed_rank(self, dp_size: u32) -> Option<u32> {
-        match self {
-            Target::Policy => None,
-            Target::Pinned(r) => Some(r),
-            Target::Room(room) => Some((room % u64::from(dp_size)) as u32),
-        }
-    }
+/// What only the health channel serves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Probe {
+    /// `health_route`: a rank for one probe.
+    Route(Target),
+    /// `health_report`: a probe's outcome.
+    Report { rank: u32, ok: bool },
 }
 
 /// A user routing request.
@@ -66,10 +61,11 @@ pub struct RouteRequest<'a> {
     pub session: Option<&'a str>,
 }
 
+/// A decoded query: its id and its op (`RouteOp` or `HealthOp`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Query<'a> {
+pub struct Query<'a, O> {
     pub id: Option<Id<'a>>,
-    pub op: Op<'a>,
+    pub op: O,
 }
 
 /// The limits a query is checked against.
@@ -208,7 +204,7 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a
     Ok(RouteRequest { n, prompt_tokens, target, session })
 }
 
-fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<Op<'static>, WireError> {
+fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<HealthOp, WireError> {
     let rank = f.rank.ok_or_else(|| bad("`health_report` needs `rank`"))?;
     let rank = decode_rank(rank, dp_size)?;
     let ok = match f.ok {
@@ -216,39 +212,62 @@ fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<Op<'static>, WireError>
         None => return Err(bad("`health_report` needs `ok` (true or false)")),
         Some(other) => return Err(bad(format!("`ok` must be a boolean, got {}", other.type_name()))),
     };
-    Ok(Op::HealthReport { rank, ok })
+    Ok(HealthOp::Probe(Probe::Report { rank, ok }))
 }
 
-fn decode_op<'a>(name: &str, f: &Fields<'a>, ch: Channel, lim: &QueryLimits) -> Result<Op<'a>, WireError> {
-    let wrong_socket = |other: Channel| {
-        WireError::new(
-            ErrorCode::UnknownOp,
-            format!("op `{name}` is served on the {} socket, not the {} socket", other.as_str(), ch.as_str()),
-        )
+fn wrong_socket(name: &str, on: Channel, served_on: Channel) -> WireError {
+    WireError::new(
+        ErrorCode::UnknownOp,
+        format!("op `{name}` is served on the {} socket, not the {} socket", served_on.as_str(), on.as_str()),
+    )
+}
+
+fn unknown_op(name: &str, ch: Channel) -> WireError {
+    let served = match ch {
+        Channel::Route => "route, ping, state",
+        Channel::Health => "health_route, health_report, ping, state",
     };
-    match (name, ch) {
-        ("ping", _) => Ok(Op::Ping),
-        ("state", _) => Ok(Op::State),
-        ("route", Channel::Route) => decode_route(f, lim).map(Op::Route),
-        ("route", Channel::Health) => Err(wrong_socket(Channel::Route)),
-        ("health_route", Channel::Health) => decode_target(f, lim.dp_size).map(Op::HealthRoute),
-        ("health_report", Channel::Health) => decode_report(f, lim.dp_size),
-        ("health_route" | "health_report", Channel::Route) => Err(wrong_socket(Channel::Health)),
-        _ => {
-            let served = match ch {
-                Channel::Route => "route, ping, state",
-                Channel::Health => "health_route, health_report, ping, state",
-            };
-            Err(WireError::new(
-                ErrorCode::UnknownOp,
-                format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()),
-            ))
-        }
+    WireError::new(ErrorCode::UnknownOp, format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()))
+}
+
+fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp<'a>, WireError> {
+    match name {
+        "ping" => Ok(RouteOp::Ping),
+        "state" => Ok(RouteOp::State),
+        "route" => decode_route(f, lim).map(RouteOp::Route),
+        "health_route" | "health_report" => Err(wrong_socket(name, Channel::Route, Channel::Health)),
+        _ => Err(unknown_op(name, Channel::Route)),
     }
 }
 
-/// Decodes and checks one query that arrived on `ch`.
-pub fn decode_query<'a>(bytes: &'a [u8], ch: Channel, lim: &QueryLimits) -> Result<Query<'a>, Rejected<'a>> {
+fn health_op(name: &str, f: &Fields<'_>, lim: &QueryLimits) -> Result<HealthOp, WireError> {
+    match name {
+        "ping" => Ok(HealthOp::Ping),
+        "state" => Ok(HealthOp::State),
+        "health_route" => decode_target(f, lim.dp_size).map(|t| HealthOp::Probe(Probe::Route(t))),
+        "health_report" => decode_report(f, lim.dp_size),
+        "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
+        _ => Err(unknown_op(name, Channel::Health)),
+    }
+}
+
+/// Decodes and checks one query of the route socket.
+pub fn decode_route_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, RouteOp<'a>>, Rejected<'a>> {
+    decode_query(bytes, lim, |name, f| route_op(name, f, lim))
+}
+
+/// Decodes and checks one query of the health socket.
+pub fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, HealthOp>, Rejected<'a>> {
+    decode_query(bytes, lim, |name, f| health_op(name, f, lim))
+}
+
+/// The rules every query shares (size, map, id, version, op name); `op`
+/// decodes what depends on the socket.
+fn decode_query<'a, O>(
+    bytes: &'a [u8],
+    lim: &QueryLimits,
+    op: impl FnOnce(&str, &Fields<'a>) -> Result<O, WireError>,
+) -> Result<Query<'a, O>, Rejected<'a>> {
     let reject = |id, error| Rejected { id, error };
     if bytes.len() > lim.max_message_bytes {
         let msg = format!("query is {} bytes, above max_message_bytes {}", bytes.len(), lim.max_message_bytes);
@@ -273,7 +292,7 @@ pub fn decode_query<'a>(bytes: &'a [u8], ch: Channel, lim: &QueryLimits) -> Resu
         None => return Err(fail(bad("missing `op`"))),
         Some(other) => return Err(fail(bad(format!("`op` must be a string, got {}", other.type_name())))),
     };
-    let op = decode_op(name, &f, ch, lim).map_err(fail)?;
+    let op = op(name, &f).map_err(fail)?;
     Ok(Query { id, op })
 }
 
@@ -293,7 +312,11 @@ mod tests {
     }
 
     fn code(bytes: &[u8], ch: Channel) -> ErrorCode {
-        decode_query(bytes, ch, &LIM).unwrap_err().error.code
+        let rejected = match ch {
+            Channel::Route => decode_route_query(bytes, &LIM).map(|_| ()),
+            Channel::Health => decode_health_query(bytes, &LIM).map(|_| ()),
+        };
+        rejected.unwrap_err().error.code
     }
 
     #[test]
@@ -307,11 +330,16 @@ mod tests {
             ("session", "s1".into()),
             ("extra", rmpv::Value::Array(vec![1.into(), 2.into()])),
         ]);
-        let got = decode_query(&b, Channel::Route, &LIM).unwrap();
+        let got = decode_route_query(&b, &LIM).unwrap();
         assert_eq!(got.id, Some(Id::Str("req-7")));
         assert_eq!(
             got.op,
-            Op::Route(RouteRequest { n: 3, prompt_tokens: Some(512), target: Target::Policy, session: Some("s1") })
+            RouteOp::Route(RouteRequest {
+                n: 3,
+                prompt_tokens: Some(512),
+                target: Target::Policy,
+                session: Some("s1")
+            })
         );
     }
 
@@ -324,7 +352,7 @@ mod tests {
             ("rank", 5.into()),
             ("bootstrap_room", 3.into()),
         ]);
-        let Op::Route(r) = decode_query(&b, Channel::Route, &LIM).unwrap().op else { panic!() };
+        let RouteOp::Route(r) = decode_route_query(&b, &LIM).unwrap().op else { panic!() };
         assert_eq!((r.n, r.target), (1, Target::Pinned(5)));
         assert_eq!(Target::Room(19).fixed_rank(8), Some(3));
     }
@@ -357,11 +385,11 @@ mod tests {
     #[test]
     fn id_is_echoed_even_when_rejected() {
         let b = q(&[("v", 9.into()), ("op", "route".into()), ("id", 42.into())]);
-        let rej = decode_query(&b, Channel::Route, &LIM).unwrap_err();
+        let rej = decode_route_query(&b, &LIM).unwrap_err();
         assert_eq!(rej.id, Some(Id::Int(42)));
         assert!(rej.error.message.contains("version 9"), "{}", rej.error.message);
         let big = q(&[("id", "big".into()), ("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
-        let rej = decode_query(&big, Channel::Route, &LIM).unwrap_err();
+        let rej = decode_route_query(&big, &LIM).unwrap_err();
         assert_eq!((rej.id, rej.error.code), (Some(Id::Str("big")), ErrorCode::TooLarge));
     }
 
@@ -371,11 +399,11 @@ mod tests {
             let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];
             v.extend_from_slice(extra);
             let bytes = q(&v);
-            decode_query(&bytes, Channel::Health, &LIM).map(|q| format!("{:?}", q.op)).map_err(|r| r.error.code)
+            decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
         };
         assert_eq!(
             h(&[("rank", 2.into()), ("ok", false.into())]),
-            Ok(format!("{:?}", Op::HealthReport { rank: 2, ok: false }))
+            Ok(HealthOp::Probe(Probe::Report { rank: 2, ok: false }))
         );
         assert_eq!(h(&[("ok", false.into())]), Err(ErrorCode::BadRequest));
         assert_eq!(h(&[("rank", 2.into()), ("ok", 1.into())]), Err(ErrorCode::BadRequest));

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::{Id, WireError};
+use crate::engines::Counts;
 
 const V: u8 = 1;
 
@@ -57,7 +58,7 @@ struct Error<'a> {
 pub struct RankView {
     pub rank: u32,
     pub status: &'static str,
-    pub counts: [u64; 5],
+    pub counts: Counts,
     pub pending: u64,
     pub routed: u64,
     pub penalty: f64,

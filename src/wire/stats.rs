@@ -1,64 +1,111 @@
-//! Decoding of `StatsUpdate`, the engine -> dpcoord message.
+//! Decoding of `StatsUpdate`, dpcoord's own engine -> dpcoord message, into
+//! an engine event.
 //!
 //! Structural rules (map, keys, types, version, 5 counts, finite floats in
 //! range) are checked here; rules that need the current engine state (rank in
 //! range, boot/seq ordering, counters not going backwards) are checked by the
-//! engine table when it applies the update.
+//! engine table when it applies the report. Errors hold facts, not text:
+//! a flood of bad updates costs no formatting unless a warning is logged.
+
+use std::fmt;
 
 use super::msgpack::{ReadError, Reader, Value};
+use crate::engines::{LoadReport, TokenLoad};
 
-/// One validated stats update. `rank` is not yet checked against `dp_size`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatsUpdate {
-    pub rank: i128,
-    pub boot: u64,
-    pub seq: u64,
-    /// `[waiting, running, received, finished, failed]`.
-    pub counts: [u64; 5],
-    /// `[waiting_tokens, running_tokens]`.
-    pub tokens: Option<[u64; 2]>,
-    pub kv_usage: Option<f64>,
-    pub ttft_ms: Option<f64>,
-    pub tpot_ms: Option<f64>,
+/// Why an update could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StatsError {
+    Msgpack(ReadError),
+    NotAMap(&'static str),
+    KeyNotString(&'static str),
+    Trailing,
+    Version(u64),
+    Missing(&'static str),
+    /// `name` holds a value of the wrong type (`got` names it).
+    Type {
+        name: &'static str,
+        want: &'static str,
+        got: &'static str,
+    },
+    Negative {
+        name: &'static str,
+        value: i128,
+    },
+    NotFinite {
+        name: &'static str,
+        value: f64,
+    },
+    Range {
+        name: &'static str,
+        value: f64,
+        max: f64,
+    },
+    Length {
+        name: &'static str,
+        want: usize,
+        got: u32,
+    },
 }
 
-fn read_err(e: ReadError) -> String {
-    format!("not valid MessagePack: {e}")
-}
-
-fn uint(name: &str, v: Value<'_>) -> Result<u64, String> {
-    match v {
-        Value::Int(i) => u64::try_from(i).map_err(|_| format!("`{name}` must be a non-negative integer, got {i}")),
-        other => Err(format!("`{name}` must be an integer, got {}", other.type_name())),
+impl fmt::Display for StatsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            StatsError::Msgpack(e) => write!(f, "not valid MessagePack: {e}"),
+            StatsError::NotAMap(got) => write!(f, "update must be a map, got {got}"),
+            StatsError::KeyNotString(got) => write!(f, "map keys must be strings, got {got}"),
+            StatsError::Trailing => write!(f, "trailing bytes after the update map"),
+            StatsError::Version(v) => write!(f, "protocol version {v} is not supported (want 1)"),
+            StatsError::Missing(k) => write!(f, "missing `{k}`"),
+            StatsError::Type { name, want, got } => write!(f, "`{name}` must be {want}, got {got}"),
+            StatsError::Negative { name, value } => write!(f, "`{name}` must be a non-negative integer, got {value}"),
+            StatsError::NotFinite { name, value } => write!(f, "`{name}` must be finite, got {value}"),
+            StatsError::Range { name, value, max } => write!(f, "`{name}` must be within 0..={max}, got {value}"),
+            StatsError::Length { name, want, got } => {
+                write!(f, "`{name}` must hold exactly {want} integers, got {got}")
+            }
+        }
     }
 }
 
-fn float(name: &str, v: Value<'_>, max: f64) -> Result<f64, String> {
+impl From<ReadError> for StatsError {
+    fn from(e: ReadError) -> Self {
+        StatsError::Msgpack(e)
+    }
+}
+
+fn uint(name: &'static str, v: Value<'_>) -> Result<u64, StatsError> {
+    match v {
+        Value::Int(i) => u64::try_from(i).map_err(|_| StatsError::Negative { name, value: i }),
+        other => Err(StatsError::Type { name, want: "an integer", got: other.type_name() }),
+    }
+}
+
+fn float(name: &'static str, v: Value<'_>, max: f64) -> Result<f64, StatsError> {
     let x = match v {
         Value::Float(x) => x,
         Value::Int(i) => i as f64,
-        other => return Err(format!("`{name}` must be a number, got {}", other.type_name())),
+        other => return Err(StatsError::Type { name, want: "a number", got: other.type_name() }),
     };
     if !x.is_finite() {
-        return Err(format!("`{name}` must be finite, got {x}"));
+        return Err(StatsError::NotFinite { name, value: x });
     }
     if !(0.0..=max).contains(&x) {
-        return Err(format!("`{name}` must be within 0..={max}, got {x}"));
+        return Err(StatsError::Range { name, value: x, max });
     }
     Ok(x)
 }
 
-fn uint_array<const N: usize>(name: &str, v: Value<'_>, r: &mut Reader<'_>) -> Result<[u64; N], String> {
+fn uint_array<const N: usize>(name: &'static str, v: Value<'_>, r: &mut Reader<'_>) -> Result<[u64; N], StatsError> {
     match v {
         Value::Array(len) if len as usize == N => {
             let mut out = [0u64; N];
             for slot in out.iter_mut() {
-                *slot = uint(name, r.read().map_err(read_err)?)?;
+                *slot = uint(name, r.read()?)?;
             }
             Ok(out)
         }
-        Value::Array(len) => Err(format!("`{name}` must hold exactly {N} integers, got {len}")),
-        other => Err(format!("`{name}` must be an array of {N} integers, got {}", other.type_name())),
+        Value::Array(len) => Err(StatsError::Length { name, want: N, got: len }),
+        other => Err(StatsError::Type { name, want: "an array of integers", got: other.type_name() }),
     }
 }
 
@@ -75,7 +122,7 @@ struct Partial {
     tpot_ms: Option<f64>,
 }
 
-fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) -> Result<(), String> {
+fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) -> Result<(), StatsError> {
     if v == Value::Nil {
         return Ok(()); // nil counts as absent
     }
@@ -83,7 +130,7 @@ fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) 
         "v" => p.v = Some(uint("v", v)?),
         "rank" => match v {
             Value::Int(i) => p.rank = Some(i),
-            other => return Err(format!("`rank` must be an integer, got {}", other.type_name())),
+            other => return Err(StatsError::Type { name: "rank", want: "an integer", got: other.type_name() }),
         },
         "boot" => p.boot = Some(uint("boot", v)?),
         "seq" => p.seq = Some(uint("seq", v)?),
@@ -92,42 +139,41 @@ fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) 
         "kv_usage" => p.kv_usage = Some(float("kv_usage", v, 1.0)?),
         "ttft_ms" => p.ttft_ms = Some(float("ttft_ms", v, f64::MAX)?),
         "tpot_ms" => p.tpot_ms = Some(float("tpot_ms", v, f64::MAX)?),
-        _ => r.skip_rest(v).map_err(read_err)?, // unknown keys are ignored
+        _ => r.skip_rest(v)?, // unknown keys are ignored
     }
     Ok(())
 }
 
-/// Decodes one update; the error string says which rule it broke.
-pub fn decode_stats(bytes: &[u8]) -> Result<StatsUpdate, String> {
+/// Decodes one update into a load report, or says which rule it broke.
+pub fn decode_stats(bytes: &[u8]) -> Result<LoadReport, StatsError> {
     let mut r = Reader::new(bytes);
-    let len = match r.read().map_err(read_err)? {
+    let len = match r.read()? {
         Value::Map(n) => n,
-        other => return Err(format!("update must be a map, got {}", other.type_name())),
+        other => return Err(StatsError::NotAMap(other.type_name())),
     };
     let mut p = Partial::default();
     for _ in 0..len {
-        let key = match r.read().map_err(read_err)? {
+        let key = match r.read()? {
             Value::Str(k) => k,
-            other => return Err(format!("map keys must be strings, got {}", other.type_name())),
+            other => return Err(StatsError::KeyNotString(other.type_name())),
         };
-        let value = r.read().map_err(read_err)?;
+        let value = r.read()?;
         read_entry(key, value, &mut r, &mut p)?;
     }
     if !r.at_end() {
-        return Err("trailing bytes after the update map".into());
+        return Err(StatsError::Trailing);
     }
     match p.v {
         Some(1) => {}
-        Some(v) => return Err(format!("protocol version {v} is not supported (want 1)")),
-        None => return Err("missing `v`".into()),
+        Some(v) => return Err(StatsError::Version(v)),
+        None => return Err(StatsError::Missing("v")),
     }
-    let missing = |k: &str| format!("missing `{k}`");
-    Ok(StatsUpdate {
-        rank: p.rank.ok_or_else(|| missing("rank"))?,
-        boot: p.boot.ok_or_else(|| missing("boot"))?,
-        seq: p.seq.ok_or_else(|| missing("seq"))?,
-        counts: p.counts.ok_or_else(|| missing("counts"))?,
-        tokens: p.tokens,
+    Ok(LoadReport {
+        rank: p.rank.ok_or(StatsError::Missing("rank"))?,
+        boot: p.boot.ok_or(StatsError::Missing("boot"))?,
+        seq: p.seq.ok_or(StatsError::Missing("seq"))?,
+        counts: p.counts.ok_or(StatsError::Missing("counts"))?.into(),
+        tokens: p.tokens.map(|[waiting, running]| TokenLoad { waiting, running }),
         kv_usage: p.kv_usage,
         ttft_ms: p.ttft_ms,
         tpot_ms: p.tpot_ms,
@@ -178,19 +224,8 @@ mod tests {
         p.push(("tpot_ms", V::Nil));
         p.push(("future", V::Map(vec![])));
         let u = decode_stats(&enc(&p)).unwrap();
-        assert_eq!(
-            u,
-            StatsUpdate {
-                rank: 3,
-                boot: 1700,
-                seq: 9,
-                counts: [1, 2, 10, 6, 1],
-                tokens: Some([100, 200]),
-                kv_usage: Some(0.25),
-                ttft_ms: Some(12.0),
-                tpot_ms: None,
-            }
-        );
+        let want = LoadReport { kv_usage: Some(0.25), ..LoadReport::new(3, 1700, 9).counts([1, 2, 10, 6, 1]) };
+        assert_eq!(u, want.tokens([100, 200]).ttft_ms(12.0));
     }
 
     #[test]
@@ -221,5 +256,11 @@ mod tests {
         for (what, bytes) in bad {
             assert!(decode_stats(&bytes).is_err(), "{what} was accepted");
         }
+        let msg = |b: &[u8]| decode_stats(b).unwrap_err().to_string();
+        assert_eq!(msg(&with("counts", V::Array(vec![0.into(); 4]))), "`counts` must hold exactly 5 integers, got 4");
+        assert_eq!(msg(&with("seq", (-1).into())), "`seq` must be a non-negative integer, got -1");
+        assert_eq!(msg(&with("kv_usage", 1.5.into())), "`kv_usage` must be within 0..=1, got 1.5");
+        assert_eq!(msg(&without("boot")), "missing `boot`");
+        assert_eq!(msg(&[0xc1, 0x00]), "not valid MessagePack: message uses a reserved MessagePack marker");
     }
 }

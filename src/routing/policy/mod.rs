@@ -1,9 +1,20 @@
-//! Policies: a scorer (per-rank cost) and a picker (which rank wins).
+//! Policies as two parts: a scorer turns each rank's engine report and
+//! ledger into a cost, and a picker chooses among the routable ranks.
+//!
+//! [`PolicyKind::parts`] is the one place that maps a policy name to its
+//! parts. A new policy is a row there (plus, if it needs one, a scorer
+//! metric or a picker). Per-request terms (a prefix-cache overlap per rank)
+//! join the costs in the per-request [`Candidates`] the picker sees.
 
-pub mod picker;
-pub mod scorer;
+mod picker;
+mod scorer;
 
-/// The user routing policy.
+pub use picker::{Candidates, Picker};
+pub use scorer::{Metric, Scorer};
+
+use crate::config::LoadWeights;
+
+/// The user routing policy, by its configured name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyKind {
     /// A pure rotation over routable ranks; ignores load and penalties.
@@ -14,6 +25,14 @@ pub enum PolicyKind {
     LeastTokens,
     /// The better of two seeded random routable ranks, by request cost.
     PowerOfTwo,
+}
+
+/// A policy's parts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    pub kind: PolicyKind,
+    pub scorer: Scorer,
+    pub picker: Picker,
 }
 
 impl PolicyKind {
@@ -31,5 +50,18 @@ impl PolicyKind {
 
     pub fn parse(s: &str) -> Option<PolicyKind> {
         PolicyKind::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The scorer and picker of this policy. Round robin still scores
+    /// (without the penalty): sessions compare costs under every policy.
+    pub fn parts(self, weights: LoadWeights) -> Policy {
+        let requests = Metric::Requests(weights);
+        let (metric, penalized, picker) = match self {
+            PolicyKind::RoundRobin => (requests, false, Picker::Rotation),
+            PolicyKind::LeastLoad => (requests, true, Picker::Least),
+            PolicyKind::LeastTokens => (Metric::Tokens, true, Picker::Least),
+            PolicyKind::PowerOfTwo => (requests, true, Picker::TwoChoices),
+        };
+        Policy { kind: self, scorer: Scorer { metric, penalized }, picker }
     }
 }

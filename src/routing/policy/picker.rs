@@ -1,22 +1,47 @@
-//! Placement policies: pure functions from candidates to a rank.
-//!
-//! A policy sees candidates (the engine table, or per-rank costs where a
-//! non-routable rank costs infinity) plus its caller's cursor or seeded
-//! RNG; it does no I/O and keeps no hidden state, so it is tested exactly.
+//! Pickers: which routable rank takes the next placement, given the
+//! per-request candidates. Pure functions of their inputs plus the caller's
+//! cursor and seeded RNG: no I/O, no hidden state.
 
+use rand::rngs::SmallRng;
 use rand::Rng;
 
+use crate::engines::routable::next_routable;
 use crate::engines::EngineTable;
 
-/// The first routable rank at or after `start` (wrapping), if any.
-pub fn round_robin(start: u32, engines: &EngineTable) -> Option<u32> {
-    let dp = engines.dp_size();
-    (0..dp).map(|i| (start + i) % dp).find(|&r| engines.is_routable(r))
+/// What a picker sees for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidates<'a> {
+    pub engines: &'a EngineTable,
+    /// Every rank's cost for this request; infinity when not routable.
+    pub costs: &'a [f64],
+    /// The routable ranks, ascending.
+    pub routable: &'a [u32],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Picker {
+    /// The first routable rank at or after the cursor.
+    Rotation,
+    /// The cheapest rank, scanning from the cursor so equal costs rotate.
+    Least,
+    /// The cheaper of two distinct random routable ranks (the first drawn on a tie).
+    TwoChoices,
+}
+
+impl Picker {
+    /// A rank, or `None` when no rank is routable.
+    pub fn pick(self, c: &Candidates<'_>, cursor: u32, rng: &mut SmallRng) -> Option<u32> {
+        match self {
+            Picker::Rotation => next_routable(c.engines, cursor).ok(),
+            Picker::Least => least(c.costs, cursor as usize),
+            Picker::TwoChoices => two_choices(c.costs, c.routable, rng),
+        }
+    }
 }
 
 /// The cheapest finite-cost rank, scanning from `start` (wrapping) so that
-/// among equal costs the first at or after `start` wins: ties rotate.
-pub fn least_cost(costs: &[f64], start: usize) -> Option<u32> {
+/// among equal costs the first at or after `start` wins.
+fn least(costs: &[f64], start: usize) -> Option<u32> {
     let start = start.min(costs.len());
     let order = (start..costs.len()).chain(0..start);
     let mut best: Option<(usize, f64)> = None;
@@ -29,9 +54,7 @@ pub fn least_cost(costs: &[f64], start: usize) -> Option<u32> {
     best.map(|(r, _)| r as u32)
 }
 
-/// Two distinct random ranks from `routable`; the cheaper one (the first
-/// drawn on a tie).
-pub fn power_of_two(costs: &[f64], routable: &[u32], rng: &mut impl Rng) -> Option<u32> {
+fn two_choices(costs: &[f64], routable: &[u32], rng: &mut impl Rng) -> Option<u32> {
     match routable.len() {
         0 => None,
         1 => Some(routable[0]),
@@ -48,68 +71,70 @@ pub fn power_of_two(costs: &[f64], routable: &[u32], rng: &mut impl Rng) -> Opti
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::config::Config;
-    use crate::wire::StatsUpdate;
-    use std::time::Instant;
+mod tests {
+    use proptest::prelude::*;
+    use rand::SeedableRng;
 
-    pub fn table_with_up(dp: u32, up: &[u32]) -> EngineTable {
-        let mut c = Config::default();
-        c.settings.engines.dp_size = dp;
-        let mut t = EngineTable::new(&c);
-        for &r in up {
-            let u = StatsUpdate {
-                rank: r.into(),
-                boot: 1,
-                seq: 1,
-                counts: [0; 5],
-                tokens: None,
-                kv_usage: None,
-                ttft_ms: None,
-                tpot_ms: None,
-            };
-            t.apply(&u, Instant::now()).unwrap();
-        }
-        t
-    }
+    use super::*;
 
     const INF: f64 = f64::INFINITY;
 
+    /// Up to 12 ranks, each with a small cost (so ties happen) or infinity.
+    fn costs() -> impl Strategy<Value = Vec<f64>> {
+        prop::collection::vec(prop_oneof![3 => (0u8..4).prop_map(f64::from), 1 => Just(INF)], 0..12)
+    }
+
+    fn routable(costs: &[f64]) -> Vec<u32> {
+        (0..costs.len() as u32).filter(|&r| costs[r as usize].is_finite()).collect()
+    }
+
     #[test]
-    fn least_cost_rotates_ties_and_skips_infinite() {
+    fn least_rotates_ties_and_skips_infinite() {
         let costs = [2.0, 1.0, INF, 1.0];
-        assert_eq!(least_cost(&costs, 0), Some(1));
-        assert_eq!(least_cost(&costs, 2), Some(3));
-        assert_eq!(least_cost(&costs, 4), Some(1));
-        assert_eq!(least_cost(&[INF, INF], 0), None);
-        assert_eq!(least_cost(&[], 0), None);
+        assert_eq!(least(&costs, 0), Some(1));
+        assert_eq!(least(&costs, 2), Some(3));
+        assert_eq!(least(&costs, 4), Some(1));
+        assert_eq!(least(&[INF, INF], 0), None);
+        assert_eq!(least(&[], 0), None);
     }
 
-    #[test]
-    fn power_of_two_picks_the_cheaper_of_two_distinct() {
-        use rand::{rngs::SmallRng, SeedableRng};
-        let costs = [5.0, 1.0, 3.0, INF];
-        let mut rng = SmallRng::seed_from_u64(7);
-        let mut seen = [0u32; 4];
-        for _ in 0..300 {
-            seen[power_of_two(&costs, &[0, 1, 2], &mut rng).unwrap() as usize] += 1;
+    proptest! {
+        #[test]
+        fn least_is_the_first_minimum_at_or_after_the_cursor(costs in costs(), start in 0usize..14) {
+            let got = least(&costs, start);
+            let min = costs.iter().copied().fold(INF, f64::min);
+            match got {
+                None => prop_assert!(min.is_infinite()),
+                Some(r) => {
+                    prop_assert_eq!(costs[r as usize], min);
+                    // No rank between the cursor and r (wrapping) costs as little.
+                    let n = costs.len();
+                    let s = start.min(n);
+                    let before = (0..n).map(|i| (s + i) % n).take_while(|&i| i != r as usize);
+                    for i in before {
+                        prop_assert!(costs[i] > min, "rank {} ties earlier than {}", i, r);
+                    }
+                }
+            }
         }
-        // Rank 0 loses every pair, rank 3 is not a candidate; 1 wins both of its pairs.
-        assert_eq!((seen[0], seen[3]), (0, 0));
-        // Exact for seed 7: rank 1 wins its pairs with 0 and 2 (about 2/3),
-        // rank 2 only its pair with 0.
-        assert_eq!(seen, [0, 196, 104, 0]);
-        assert_eq!(power_of_two(&costs, &[2], &mut rng), Some(2));
-        assert_eq!(power_of_two(&costs, &[], &mut rng), None);
-    }
 
-    #[test]
-    fn round_robin_skips_unroutable_and_wraps() {
-        let t = table_with_up(5, &[1, 3]);
-        assert_eq!(round_robin(0, &t), Some(1));
-        assert_eq!(round_robin(2, &t), Some(3));
-        assert_eq!(round_robin(4, &t), Some(1));
-        assert_eq!(round_robin(0, &table_with_up(3, &[])), None);
+        #[test]
+        fn two_choices_picks_a_routable_rank_never_the_unique_most_expensive(costs in costs(), seed: u64) {
+            let routable = routable(&costs);
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let got = two_choices(&costs, &routable, &mut rng);
+            prop_assert_eq!(got.is_some(), !routable.is_empty());
+            if let Some(r) = got {
+                prop_assert!(routable.contains(&r));
+                // The winner is at most as expensive as another routable rank.
+                if routable.len() >= 2 {
+                    let others = routable.iter().filter(|&&o| o != r);
+                    prop_assert!(others.into_iter().any(|&o| costs[o as usize] >= costs[r as usize]));
+                }
+            }
+            // The same seed makes the same choice.
+            let again = two_choices(&costs, &routable, &mut SmallRng::seed_from_u64(seed));
+            prop_assert_eq!(got, again);
+        }
     }
 }

@@ -1,0 +1,212 @@
+//! Every config key, defined once: its section, name, kind, default, bounds
+//! and, for some, a command-line flag. The parser (`parse.rs`) reads keys
+//! through these specs, the flags (`flags.rs`) are built from them, and the
+//! simulator takes its defaults from them.
+
+/// Where a key lives, and its command-line flag if it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub section: &'static str,
+    pub name: &'static str,
+    pub flag: Option<Flag>,
+}
+
+/// A command-line flag `--name-with-dashes VALUE` that sets its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flag {
+    pub value_name: &'static str,
+    /// What the flag sets; `--help` appends the key's `section.name`.
+    pub help: &'static str,
+}
+
+impl Key {
+    const fn new(section: &'static str, name: &'static str) -> Key {
+        Key { section, name, flag: None }
+    }
+
+    const fn flagged(section: &'static str, name: &'static str, value_name: &'static str, help: &'static str) -> Key {
+        Key { section, name, flag: Some(Flag { value_name, help }) }
+    }
+
+    /// `section.name`, as errors name the key.
+    pub fn path(&self) -> String {
+        format!("{}.{}", self.section, self.name)
+    }
+
+    /// Sets this key in a table, overriding the file's value or the default.
+    pub fn set(&self, root: &mut toml::Table, value: toml::Value) {
+        super::set(root, self.section, self.name, value);
+    }
+}
+
+/// An integer in `min..=max` (keys ending in `_ms` are milliseconds).
+/// Every bound is at most `i64::MAX`, the largest TOML integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntKey {
+    pub key: Key,
+    pub default: u64,
+    pub min: u64,
+    pub max: u64,
+}
+
+/// A finite number in `min..=max` (a TOML integer is taken as well).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FloatKey {
+    pub key: Key,
+    pub default: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// A string; what it must look like is checked where it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrKey {
+    pub key: Key,
+    pub default: &'static str,
+}
+
+/// An array of strings, empty by default. Its flag is repeatable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListKey {
+    pub key: Key,
+}
+
+/// Any key, with its kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AnyKey {
+    Int(&'static IntKey),
+    Float(&'static FloatKey),
+    Str(&'static StrKey),
+    List(&'static ListKey),
+}
+
+impl AnyKey {
+    pub fn key(self) -> &'static Key {
+        match self {
+            AnyKey::Int(k) => &k.key,
+            AnyKey::Float(k) => &k.key,
+            AnyKey::Str(k) => &k.key,
+            AnyKey::List(k) => &k.key,
+        }
+    }
+}
+
+const SERVER: &str = "server";
+const ENGINES: &str = "engines";
+const ROUTING: &str = "routing";
+const PENALTY: &str = "penalty";
+const LIMITS: &str = "limits";
+
+/// The sections of a config file, in file order.
+pub const SECTIONS: [&str; 5] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS];
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 86_400_000;
+/// Upper bound of weights and ratios.
+const BIG: f64 = 1e6;
+
+pub const ROUTE_BIND: StrKey = StrKey {
+    key: Key::flagged(SERVER, "route_bind", "EP", "ROUTER endpoint for routing queries"),
+    default: "tcp://127.0.0.1:5570",
+};
+pub const HEALTH_BIND: StrKey = StrKey {
+    key: Key::flagged(SERVER, "health_bind", "EP", "ROUTER endpoint for health queries"),
+    default: "tcp://127.0.0.1:5571",
+};
+pub const STATS_BIND: StrKey = StrKey {
+    key: Key::flagged(SERVER, "stats_bind", "EP", "SUB bind endpoint for engine stats, \"\" to disable"),
+    default: "tcp://127.0.0.1:5572",
+};
+pub const STATS_CONNECT: ListKey =
+    ListKey { key: Key::flagged(SERVER, "stats_connect", "EP", "Engine PUB endpoint to connect to; repeatable") };
+pub const METRICS_BIND: StrKey = StrKey {
+    key: Key::flagged(SERVER, "metrics_bind", "HOST:PORT", "HTTP listener for metrics and probes"),
+    default: "127.0.0.1:9570",
+};
+pub const LOG_FORMAT: StrKey =
+    StrKey { key: Key::flagged(SERVER, "log_format", "FORMAT", "text or json"), default: "text" };
+pub const ROUTE_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "route_allow") };
+pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow") };
+pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
+
+pub const DP_SIZE: IntKey =
+    IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 65_536 };
+pub const STALE_AFTER_MS: IntKey =
+    IntKey { key: Key::flagged(ENGINES, "stale_after_ms", "MS", ""), default: 1000, min: 1, max: HOUR_MS };
+pub const DOWN_AFTER_MS: IntKey =
+    IntKey { key: Key::flagged(ENGINES, "down_after_ms", "MS", ""), default: 3000, min: 1, max: HOUR_MS };
+pub const READMIT_UPDATES: IntKey = IntKey { key: Key::new(ENGINES, "readmit_updates"), default: 2, min: 1, max: 1000 };
+
+pub const POLICY: StrKey =
+    StrKey { key: Key::flagged(ROUTING, "policy", "NAME", "User routing policy"), default: "round_robin" };
+pub const TICK_MS: IntKey =
+    IntKey { key: Key::flagged(ROUTING, "tick_ms", "MS", "Tick period in ms"), default: 100, min: 1, max: 10_000 };
+pub const PENDING_TTL_MS: IntKey =
+    IntKey { key: Key::flagged(ROUTING, "pending_ttl_ms", "MS", ""), default: 2000, min: 1, max: HOUR_MS };
+pub const IMBALANCE_WINDOW_MS: IntKey =
+    IntKey { key: Key::new(ROUTING, "imbalance_window_ms"), default: 60_000, min: 1000, max: DAY_MS };
+pub const WEIGHT_WAITING: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "weight_waiting"), default: 4.0, min: 0.0, max: BIG };
+pub const WEIGHT_RUNNING: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "weight_running"), default: 1.0, min: 0.0, max: BIG };
+pub const WEIGHT_PENDING: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "weight_pending"), default: 4.0, min: 0.0, max: BIG };
+pub const SESSION_CAPACITY: IntKey =
+    IntKey { key: Key::new(ROUTING, "session_capacity"), default: 100_000, min: 1, max: 100_000_000 };
+pub const SESSION_TTL_MS: IntKey =
+    IntKey { key: Key::new(ROUTING, "session_ttl_ms"), default: 600_000, min: 1, max: DAY_MS };
+pub const SESSION_MAX_LOAD_RATIO: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "session_max_load_ratio"), default: 2.0, min: 1.0, max: BIG };
+pub const SEED: IntKey = IntKey { key: Key::new(ROUTING, "seed"), default: 0, min: 0, max: i64::MAX as u64 };
+
+pub const MAX_PENALTY: FloatKey = FloatKey { key: Key::new(PENALTY, "max_penalty"), default: 10.0, min: 0.0, max: BIG };
+pub const STALE: FloatKey = FloatKey { key: Key::new(PENALTY, "stale"), default: 1.0, min: 0.0, max: BIG };
+pub const HEALTH_FAILURE: FloatKey =
+    FloatKey { key: Key::new(PENALTY, "health_failure"), default: 1.0, min: 0.0, max: BIG };
+pub const HEALTH_HALF_LIFE_MS: IntKey =
+    IntKey { key: Key::new(PENALTY, "health_half_life_ms"), default: 5000, min: 1, max: HOUR_MS };
+pub const FAILURE: FloatKey = FloatKey { key: Key::new(PENALTY, "failure"), default: 5.0, min: 0.0, max: BIG };
+pub const FAILURE_SMOOTHING: FloatKey =
+    FloatKey { key: Key::new(PENALTY, "failure_smoothing"), default: 0.5, min: 0.01, max: 1.0 };
+pub const TTFT: FloatKey = FloatKey { key: Key::new(PENALTY, "ttft"), default: 1.0, min: 0.0, max: BIG };
+
+pub const MAX_MESSAGE_BYTES: IntKey =
+    IntKey { key: Key::new(LIMITS, "max_message_bytes"), default: 65_536, min: 256, max: 16 << 20 };
+pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
+
+/// Every key: first those with a flag, in `--help` order, then the rest.
+pub const ALL: [AnyKey; 33] = [
+    AnyKey::Int(&DP_SIZE),
+    AnyKey::Str(&POLICY),
+    AnyKey::Str(&ROUTE_BIND),
+    AnyKey::Str(&HEALTH_BIND),
+    AnyKey::Str(&STATS_BIND),
+    AnyKey::List(&STATS_CONNECT),
+    AnyKey::Str(&METRICS_BIND),
+    AnyKey::Int(&TICK_MS),
+    AnyKey::Int(&STALE_AFTER_MS),
+    AnyKey::Int(&DOWN_AFTER_MS),
+    AnyKey::Int(&PENDING_TTL_MS),
+    AnyKey::Str(&LOG_FORMAT),
+    AnyKey::List(&ROUTE_ALLOW),
+    AnyKey::List(&HEALTH_ALLOW),
+    AnyKey::List(&STATS_ALLOW),
+    AnyKey::Int(&READMIT_UPDATES),
+    AnyKey::Int(&IMBALANCE_WINDOW_MS),
+    AnyKey::Float(&WEIGHT_WAITING),
+    AnyKey::Float(&WEIGHT_RUNNING),
+    AnyKey::Float(&WEIGHT_PENDING),
+    AnyKey::Int(&SESSION_CAPACITY),
+    AnyKey::Int(&SESSION_TTL_MS),
+    AnyKey::Float(&SESSION_MAX_LOAD_RATIO),
+    AnyKey::Int(&SEED),
+    AnyKey::Float(&MAX_PENALTY),
+    AnyKey::Float(&STALE),
+    AnyKey::Float(&HEALTH_FAILURE),
+    AnyKey::Int(&HEALTH_HALF_LIFE_MS),
+    AnyKey::Float(&FAILURE),
+    AnyKey::Float(&FAILURE_SMOOTHING),
+    AnyKey::Float(&TTFT),
+    AnyKey::Int(&MAX_MESSAGE_BYTES),
+    AnyKey::Int(&MAX_BATCH),
+];

@@ -1,0 +1,160 @@
+//! Opening dpcoord's ZeroMQ sockets: the engine sources, the route and
+//! health ROUTERs, and the ZAP handler behind peer allowlists.
+
+use crate::config::Config;
+use crate::io::access::Allowlist;
+use crate::wire::SourceKind;
+
+/// How long close waits to flush replies already queued.
+const LINGER_MS: i32 = 1000;
+/// High-water marks, in messages. Source messages may be dropped when
+/// dpcoord falls this far behind (libzmq drops at the publisher's pipe; the
+/// gap shows in `dpcoord_stats_missed_total`); a burst from every engine
+/// fits easily.
+const SOURCE_HWM: i32 = 10_000;
+/// Per peer, each way. A REQ peer has one reply outstanding, so its replies
+/// are never dropped; only a DEALER with this many unread replies loses more.
+const QUERY_HWM: i32 = 1000;
+/// libzmq's fixed ZAP endpoint.
+const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot {what} the {socket} socket to {endpoint}: {source}")]
+    Endpoint { what: &'static str, socket: &'static str, endpoint: String, source: zmq::Error },
+    #[error("cannot start the coordinator thread: {0}")]
+    Thread(std::io::Error),
+    #[error("zeromq error on the {socket} socket: {source}")]
+    Socket { socket: &'static str, source: zmq::Error },
+}
+
+pub(super) fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
+    move |source| TransportError::Socket { socket, source }
+}
+
+fn endpoint_err(what: &'static str, socket: &'static str, endpoint: &str) -> impl FnOnce(zmq::Error) -> TransportError {
+    let endpoint = endpoint.to_owned();
+    move |source| TransportError::Endpoint { what, socket, endpoint, source }
+}
+
+/// One engine source: a SUB socket and the format it carries.
+pub struct Source {
+    pub socket: zmq::Socket,
+    pub kind: SourceKind,
+}
+
+/// The allowlists the ZAP handler enforces, by ZAP domain.
+pub struct Access {
+    pub route: Allowlist,
+    pub health: Allowlist,
+    pub stats: Allowlist,
+}
+
+pub struct Sockets {
+    // Field order matters: sockets close before the context drops.
+    /// Engine sources, in the order they are served.
+    pub sources: Vec<Source>,
+    pub route: zmq::Socket,
+    pub health: zmq::Socket,
+    /// The ZAP handler, present when some socket has a peer allowlist.
+    pub zap: Option<(zmq::Socket, Access)>,
+    _ctx: zmq::Context,
+}
+
+/// Asks libzmq to consult the ZAP handler for this socket's peers.
+fn guard(s: &zmq::Socket, name: &'static str, list: &Allowlist) -> Result<(), TransportError> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    s.set_zap_domain(name).map_err(sock_err(name))
+}
+
+/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`) on the bound sockets, far
+/// above `max_message_bytes`, which dpcoord enforces itself: a frame over it
+/// is a protocol error that closes the peer's link without a reply (the peer
+/// reconnects by itself).
+fn backstop(cfg: &Config) -> i64 {
+    (cfg.settings.limits.max_message_bytes as i64).saturating_mul(16)
+}
+
+fn router(
+    ctx: &zmq::Context,
+    name: &'static str,
+    ep: &str,
+    allow: &Allowlist,
+    cfg: &Config,
+) -> Result<zmq::Socket, TransportError> {
+    let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
+    guard(&s, name, allow)?;
+    // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
+    s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
+    s.set_linger(LINGER_MS).map_err(sock_err(name))?;
+    s.set_rcvhwm(QUERY_HWM).map_err(sock_err(name))?;
+    s.set_sndhwm(QUERY_HWM).map_err(sock_err(name))?;
+    s.set_ipv6(true).map_err(sock_err(name))?;
+    s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
+    Ok(s)
+}
+
+/// A source SUB socket subscribed to everything.
+fn subscriber(ctx: &zmq::Context, name: &'static str) -> Result<zmq::Socket, TransportError> {
+    let s = ctx.socket(zmq::SUB).map_err(sock_err(name))?;
+    s.set_subscribe(b"").map_err(sock_err(name))?;
+    s.set_linger(0).map_err(sock_err(name))?;
+    s.set_rcvhwm(SOURCE_HWM).map_err(sock_err(name))?;
+    s.set_ipv6(true).map_err(sock_err(name))?;
+    Ok(s)
+}
+
+/// The stats sources: one SUB bound at `stats_bind` (under the allowlist
+/// and libzmq's size backstop), and one that connects to every
+/// `stats_connect` endpoint. The second is a socket of its own: on a shared
+/// socket libzmq would check dpcoord's own outgoing links against the
+/// allowlist too, and a connecting socket never reconnects a link libzmq
+/// closed over an oversized frame (the coordinator drops those itself).
+fn stats_sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportError> {
+    let srv = &cfg.server;
+    let mut sources = Vec::new();
+    if let Some(ep) = &srv.stats_bind {
+        let s = subscriber(ctx, "stats")?;
+        guard(&s, "stats", &srv.stats_allow)?;
+        s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
+        s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
+        sources.push(Source { socket: s, kind: SourceKind::Stats });
+    }
+    if !srv.stats_connect.is_empty() {
+        let s = subscriber(ctx, "stats")?;
+        for ep in &srv.stats_connect {
+            s.connect(ep).map_err(endpoint_err("connect", "stats", ep))?;
+        }
+        sources.push(Source { socket: s, kind: SourceKind::Stats });
+    }
+    Ok(sources)
+}
+
+impl Sockets {
+    /// Creates and binds/connects every socket the config names.
+    pub fn open(cfg: &Config) -> Result<Sockets, TransportError> {
+        let ctx = zmq::Context::new();
+        let srv = &cfg.server;
+        let guarded = [&srv.route_allow, &srv.health_allow, &srv.stats_allow].iter().any(|l| !l.is_empty());
+        // The handler is bound before any guarded socket can accept a peer.
+        let zap = match guarded {
+            true => {
+                let z = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
+                z.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
+                let access = Access {
+                    route: srv.route_allow.clone(),
+                    health: srv.health_allow.clone(),
+                    stats: srv.stats_allow.clone(),
+                };
+                Some((z, access))
+            }
+            false => None,
+        };
+        let sources = stats_sources(&ctx, cfg)?;
+        let route = router(&ctx, "route", &srv.route_bind, &srv.route_allow, cfg)?;
+        let health = router(&ctx, "health", &srv.health_bind, &srv.health_allow, cfg)?;
+        Ok(Sockets { sources, route, health, zap, _ctx: ctx })
+    }
+}

@@ -1,0 +1,102 @@
+//! Unit tests of the coordinator: sources in, queries answered, settings
+//! and the rank count swapped at a tick.
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::config::PolicyKind;
+use crate::engines::testing::settings;
+
+fn coordinator(dp: u32, policy: PolicyKind) -> Coordinator {
+    let mut s = settings(dp);
+    s.routing.policy = policy;
+    Coordinator::new(&s, Metrics::new(dp), Instant::now())
+}
+
+fn msgpack(v: Value) -> Vec<u8> {
+    rmp_serde::to_vec_named(&v).unwrap()
+}
+
+fn update(c: &mut Coordinator, rank: u32, seq: u64, now: Instant) {
+    let u = msgpack(json!({"v": 1, "rank": rank, "boot": 1, "seq": seq, "counts": [0, 0, 0, 0, 0]}));
+    c.on_source(SourceKind::Stats, Some(&[&u[..]][..]), now);
+}
+
+fn ask(c: &mut Coordinator, ch: Channel, q: Value, now: Instant) -> Value {
+    let mut out = Vec::new();
+    c.on_query(ch, &msgpack(q), now, &mut out);
+    rmp_serde::from_slice(&out).unwrap()
+}
+
+fn route(c: &mut Coordinator, now: Instant) -> Value {
+    ask(c, Channel::Route, json!({"v": 1, "op": "route"}), now)["ranks"][0].clone()
+}
+
+#[test]
+fn a_multipart_or_oversized_source_message_is_counted_and_changes_nothing() {
+    let mut c = coordinator(2, PolicyKind::RoundRobin);
+    let now = Instant::now();
+    let u = msgpack(json!({"v": 1, "rank": 0, "boot": 1, "seq": 1, "counts": [0, 0, 0, 0, 0]}));
+    c.on_source(SourceKind::Stats, Some(&[&u[..], &u[..]][..]), now);
+    c.on_source::<&[u8]>(SourceKind::Stats, None, now);
+    let big = vec![0u8; 70_000];
+    c.on_source(SourceKind::Stats, Some(&[&big[..]][..]), now);
+    assert_eq!(c.state_view(now).epoch, 0);
+    update(&mut c, 0, 1, now);
+    assert_eq!(c.state_view(now).ranks[0].status, "up");
+}
+
+#[test]
+fn failed_health_reports_move_least_load_placements_and_nothing_else() {
+    let mut c = coordinator(2, PolicyKind::LeastLoad);
+    let t0 = Instant::now();
+    update(&mut c, 0, 1, t0);
+    update(&mut c, 1, 1, t0);
+    let report = json!({"v": 1, "op": "health_report", "rank": 0, "ok": false});
+    assert_eq!(ask(&mut c, Channel::Health, report, t0), json!({"v": 1, "ok": true}));
+    // The penalty arrives with the tick: rank 0 idle costs 2, rank 1 costs 1.
+    c.tick(t0);
+    let view = c.state_view(t0);
+    assert_eq!((view.ranks[0].penalty, view.ranks[0].status, view.epoch), (1.0, "up", 2));
+    let picks: Vec<Value> = (0..3).map(|_| route(&mut c, t0)).collect();
+    assert_eq!(picks, [json!(1), json!(0), json!(1)]);
+    // Round robin ignores the penalty.
+    let mut rr = coordinator(2, PolicyKind::RoundRobin);
+    update(&mut rr, 0, 1, t0);
+    update(&mut rr, 1, 1, t0);
+    ask(&mut rr, Channel::Health, json!({"v": 1, "op": "health_report", "rank": 0, "ok": false}), t0);
+    rr.tick(t0);
+    assert_eq!([route(&mut rr, t0), route(&mut rr, t0)], [json!(0), json!(1)]);
+}
+
+#[test]
+fn reload_resizes_every_per_rank_structure_at_the_next_tick() {
+    let mut c = coordinator(2, PolicyKind::RoundRobin);
+    let t0 = Instant::now();
+    update(&mut c, 0, 1, t0);
+    update(&mut c, 1, 1, t0);
+    let mut s = settings(4);
+    s.routing.policy = PolicyKind::LeastLoad;
+    c.reload(s);
+    // Nothing changes before the tick.
+    assert_eq!(c.state_view(t0).ranks.len(), 2);
+    let rank3 = json!({"v": 1, "op": "route", "rank": 3});
+    assert_eq!(ask(&mut c, Channel::Route, rank3.clone(), t0)["error"]["code"], "invalid_rank");
+    c.tick(t0);
+    let view = c.state_view(t0);
+    assert_eq!((view.ranks.len(), view.policy, view.ranks[3].status), (4, "least_load", "unknown"));
+    assert_eq!(c.metrics().ranks.len(), 4);
+    update(&mut c, 3, 1, t0);
+    assert_eq!(ask(&mut c, Channel::Route, rank3, t0)["ranks"], json!([3]));
+    let probe = json!({"v": 1, "op": "health_route", "rank": 3});
+    assert_eq!(ask(&mut c, Channel::Health, probe, t0)["rank"], 3);
+    // Shrinking drops the ranks, their metric series and the epoch moves once.
+    let epoch = c.state_view(t0).epoch;
+    c.reload(settings(1));
+    c.tick(t0);
+    let view = c.state_view(t0);
+    assert_eq!((view.ranks.len(), view.epoch, c.metrics().ranks.len()), (1, epoch + 1, 1));
+    assert_eq!(route(&mut c, t0), json!(0));
+}

@@ -1,0 +1,55 @@
+//! What the coordinator shows: per-rank gauges on every tick, and the
+//! `state` view (the `state` op and `/state`). Reads only.
+
+use std::time::Instant;
+
+use super::user::UserDispatcher;
+use crate::engines::EngineTable;
+use crate::observability::metrics::Metrics;
+use crate::wire::{RankView, StateView};
+
+/// Engines may report anything up to u64::MAX: saturate, never wrap.
+fn gauge(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Sets every per-rank gauge and counter from the engine table and ledgers.
+pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Metrics, now: Instant) {
+    for (rank, (e, m)) in engines.iter().zip(&metrics.ranks).enumerate() {
+        m.waiting.set(gauge(e.counts.waiting));
+        m.running.set(gauge(e.counts.running));
+        m.pending.set(gauge(user.pending(rank as u32)));
+        let finished = e.finished_before.saturating_add(e.counts.finished);
+        let failed = e.failed_before.saturating_add(e.counts.failed);
+        m.finished.inc_by(finished.saturating_sub(m.finished.get()));
+        m.failed.inc_by(failed.saturating_sub(m.failed.get()));
+        m.up.set(i64::from(e.status.is_routable()));
+        m.penalty.set(e.penalty);
+        m.age.set(e.age(now).map_or(f64::NAN, |a| a.as_secs_f64()));
+    }
+    metrics.dispatch_stddev.set(user.dispatch_stddev(engines));
+    metrics.epoch.set(engines.epoch() as i64);
+}
+
+/// The engine table with dpcoord's own books beside each rank.
+pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, now: Instant) -> StateView {
+    let ranks = engines
+        .iter()
+        .enumerate()
+        .map(|(rank, e)| {
+            let rank = rank as u32;
+            RankView {
+                rank,
+                status: e.status.as_str(),
+                counts: e.counts,
+                pending: user.pending(rank),
+                routed: user.routed(rank),
+                penalty: e.penalty,
+                age_ms: e.age(now).map(|a| a.as_millis() as u64),
+                boot: e.last_update.is_some().then_some(e.boot),
+                load: user.load(rank, engines),
+            }
+        })
+        .collect();
+    StateView { epoch: engines.epoch(), policy: user.policy().as_str(), ranks }
+}
