@@ -18,8 +18,8 @@
 //! adds `penalty.health_failure` to the rank's health score (halving every
 //! `health_half_life_ms`), which enters the rank's penalty on the next tick.
 //! The penalty multiplies the cost under `least_load`, `least_tokens` and
-//! `power_of_two` (so it moves their placements) and counts in the session
-//! overload check; `round_robin` ignores it. A health result never changes
+//! `power_of_two`, so it moves their placements and, under those policies,
+//! the session overload check; `round_robin` ignores it. A health result never changes
 //! liveness, the epoch, the user cursor, `routed`, `pending` or sessions.
 
 use std::time::Instant;

@@ -95,7 +95,7 @@ pub fn spawn(
 }
 
 impl Running {
-    /// Stops accepting, waits up to two seconds for requests in flight, and
+    /// Stops accepting, waits up to `DRAIN` (500 ms) for requests in flight, and
     /// reports how the server ended.
     pub async fn stop(self) -> std::io::Result<()> {
         let _ = self.stop.send(());

@@ -1,7 +1,7 @@
 //! Opening dpcoord's ZeroMQ sockets: the engine sources, the route and
 //! health ROUTERs, and the ZAP handler behind peer allowlists.
 
-use crate::config::Config;
+use crate::config::{Config, Server};
 use crate::io::access::Allowlist;
 use crate::wire::SourceKind;
 
@@ -106,13 +106,19 @@ fn subscriber(ctx: &zmq::Context, name: &'static str) -> Result<zmq::Socket, Tra
     Ok(s)
 }
 
-/// The stats sources: one SUB bound at `stats_bind` (under the allowlist
-/// and libzmq's size backstop), and one that connects to every
-/// `stats_connect` endpoint. The second is a socket of its own: on a shared
+/// The endpoints dpcoord connects to, by source kind. A new source is a
+/// row here, its config key, and its decoder in `wire`.
+fn connected(srv: &Server) -> [(SourceKind, &[String]); 1] {
+    [(SourceKind::Stats, &srv.stats_connect)]
+}
+
+/// The engine sources: a SUB bound at `stats_bind` (under the allowlist and
+/// libzmq's size backstop), and per kind one SUB that connects to every
+/// endpoint of that kind. Connecting sockets are their own: on a shared
 /// socket libzmq would check dpcoord's own outgoing links against the
 /// allowlist too, and a connecting socket never reconnects a link libzmq
 /// closed over an oversized frame (the coordinator drops those itself).
-fn stats_sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportError> {
+fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportError> {
     let srv = &cfg.server;
     let mut sources = Vec::new();
     if let Some(ep) = &srv.stats_bind {
@@ -122,12 +128,12 @@ fn stats_sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, Transp
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
         sources.push(Source { socket: s, kind: SourceKind::Stats });
     }
-    if !srv.stats_connect.is_empty() {
-        let s = subscriber(ctx, "stats")?;
-        for ep in &srv.stats_connect {
-            s.connect(ep).map_err(endpoint_err("connect", "stats", ep))?;
+    for (kind, endpoints) in connected(srv).into_iter().filter(|(_, eps)| !eps.is_empty()) {
+        let s = subscriber(ctx, kind.as_str())?;
+        for ep in endpoints {
+            s.connect(ep).map_err(endpoint_err("connect", kind.as_str(), ep))?;
         }
-        sources.push(Source { socket: s, kind: SourceKind::Stats });
+        sources.push(Source { socket: s, kind });
     }
     Ok(sources)
 }
@@ -152,7 +158,7 @@ impl Sockets {
             }
             false => None,
         };
-        let sources = stats_sources(&ctx, cfg)?;
+        let sources = sources(&ctx, cfg)?;
         let route = router(&ctx, "route", &srv.route_bind, &srv.route_allow, cfg)?;
         let health = router(&ctx, "health", &srv.health_bind, &srv.health_allow, cfg)?;
         Ok(Sockets { sources, route, health, zap, _ctx: ctx })

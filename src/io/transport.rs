@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sockets::{sock_err, Sockets, Source, TransportError};
+use super::sockets::{sock_err, Access, Sockets, Source, TransportError};
 use super::zap;
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
@@ -140,12 +140,43 @@ fn drain_queries(
     Ok(true)
 }
 
-/// What a polled socket is.
-#[derive(Clone, Copy)]
-enum Role {
-    Zap,
-    Source(usize),
-    Query(Channel),
+/// One socket the loop polls, with what it carries.
+enum Polled<'a> {
+    Zap(&'a zmq::Socket, &'a Access),
+    Source(&'a Source),
+    Query(&'a zmq::Socket, Channel),
+}
+
+impl Polled<'_> {
+    fn socket(&self) -> &zmq::Socket {
+        match self {
+            Polled::Zap(s, _) | Polled::Query(s, _) => s,
+            Polled::Source(src) => &src.socket,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Polled::Zap(..) => "zap",
+            Polled::Source(src) => src.kind.as_str(),
+            Polled::Query(_, ch) => ch.as_str(),
+        }
+    }
+
+    /// Serves what is waiting; `true` when the batch limit stopped it first.
+    fn drain(
+        &self,
+        f: &mut Frames,
+        coord: &mut Coordinator,
+        zap_log: &mut LogLimiter<3>,
+    ) -> Result<bool, TransportError> {
+        let served = match *self {
+            Polled::Zap(z, access) => zap::drain(z, access, coord.metrics(), zap_log),
+            Polled::Source(src) => drain_source(src, f, coord),
+            Polled::Query(s, ch) => return drain_queries(s, ch, f, coord, BATCH),
+        };
+        served.map_err(sock_err(self.name()))
+    }
 }
 
 /// Serves until `stop` is set, then answers the queries still arriving.
@@ -160,26 +191,19 @@ enum Role {
 /// sources, route, health.
 pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Result<(), TransportError> {
     let Sockets { sources, route, health, zap, .. } = &sockets;
-    let socket = |role: Role| match role {
-        Role::Zap => zap.as_ref().map(|(z, _)| z),
-        Role::Source(i) => sources.get(i).map(|s| &s.socket),
-        Role::Query(Channel::Route) => Some(route),
-        Role::Query(Channel::Health) => Some(health),
-    };
-    let roles: Vec<Role> = zap
+    let polled: Vec<Polled<'_>> = zap
         .iter()
-        .map(|_| Role::Zap)
-        .chain((0..sources.len()).map(Role::Source))
-        .chain([Role::Query(Channel::Route), Role::Query(Channel::Health)])
+        .map(|(z, access)| Polled::Zap(z, access))
+        .chain(sources.iter().map(Polled::Source))
+        .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
         .collect();
-    let mut items = Vec::with_capacity(roles.len());
-    for &role in &roles {
-        let s = socket(role).ok_or_else(|| unreachable!("every role has its socket"))?;
-        items.push(zmq::PollItem::from_fd(s.get_fd().map_err(sock_err("poll"))?, zmq::POLLIN));
+    let mut items = Vec::with_capacity(polled.len());
+    for p in &polled {
+        items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
     let mut frames = Frames::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
-    let mut unfinished = vec![true; roles.len()];
+    let mut unfinished = vec![true; polled.len()];
     let mut zap_log = LogLimiter::<3>::default();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -198,22 +222,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Re
         // A wait that timed out reads every socket anyway: should an edge of
         // a ZMQ_FD ever be missed, the socket stalls for one wait, not forever.
         let timed_out = wait > 0 && !signalled;
-        for (i, &role) in roles.iter().enumerate() {
-            if !(unfinished[i] || timed_out || items[i].is_readable()) {
-                continue;
+        for (i, p) in polled.iter().enumerate() {
+            if unfinished[i] || timed_out || items[i].is_readable() {
+                unfinished[i] = p.drain(&mut frames, coord, &mut zap_log)?;
             }
-            unfinished[i] = match role {
-                Role::Zap => match zap {
-                    Some((z, access)) => {
-                        zap::drain(z, access, coord.metrics(), &mut zap_log).map_err(sock_err("zap"))?
-                    }
-                    None => false,
-                },
-                Role::Source(s) => drain_source(&sources[s], &mut frames, coord).map_err(sock_err("stats"))?,
-                Role::Query(ch) => {
-                    drain_queries(if ch == Channel::Route { route } else { health }, ch, &mut frames, coord, BATCH)?
-                }
-            };
         }
     }
     // Answer what is queued and what is still on its way (sent before the
