@@ -1,20 +1,34 @@
-"""The state and the I/O-free parts the sync and asyncio clients share.
+"""The state and the I/O-free logic the sync and asyncio clients share.
 
 :class:`RouterClient` and :class:`AsyncRouterClient` differ only in how they wait
 (blocking calls and a :class:`threading.Lock`, or ``await`` and an
-:class:`asyncio.Lock`); their configuration, endpoint bookkeeping, public
-properties and the decisions taken on a reply live here, once.
+:class:`asyncio.Lock`). Everything else lives here, once: configuration, endpoint
+bookkeeping, public properties, the decisions taken on a reply, and every call's
+flow, written as a generator of *steps* (sans-I/O). A step is a tuple naming the
+one wait it needs, ``(name, *args)``; the client's driver performs it with its
+``_io_<name>(*args)`` method and sends the result back in:
+
+* ``("acquire",)``: take the call lock within ``timeout_ms`` -> bool;
+* ``("exchange", ep, payload)``: send on ``ep.sock`` and wait ``timeout_ms`` for
+  the reply -> bytes, or None (and ``ep``'s socket reset) when none came;
+* ``("probe_answered", ep)``: without waiting, read the answer to ``ep``'s probe
+  if it is there -> bool;
+* ``("send_probe", ep, payload)``: send a probe on ``ep.sock`` without waiting -> bool.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import time
+from typing import Any, Callable, Generator, Iterable
 
 import zmq
 
 from . import _core
 from ._core import Endpoint, LocalRouter, log
-from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError
+from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
+
+#: A call's flow: yields steps, gets their results sent back, returns the call's result.
+Steps = Generator[tuple, Any, Any]
 
 
 class ClientBase:
@@ -65,6 +79,9 @@ class ClientBase:
     def _new_lock(self) -> Any:
         raise NotImplementedError
 
+    def _release(self) -> None:
+        self._lock.release()
+
     # -- public API ---------------------------------------------------------------
 
     @property
@@ -87,6 +104,158 @@ class ClientBase:
     def epoch(self) -> int | None:
         """The epoch of the last ``state`` seen."""
         return self._local.epoch
+
+    # -- every call's flow, as steps (see the module docstring) ----------------------
+
+    def _route_steps(self, n, prompt_tokens, rank, bootstrap_room, session, id) -> Steps:
+        query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
+        if (yield ("acquire",)):
+            try:
+                skip = self._uninformed(rank, bootstrap_room)
+                reply = yield from self._ask("route", query, fast=True, skip=skip)
+                if reply is not None:
+                    ranks = self._routed(reply, n)
+                    yield from self._after_reply("route", reply)
+                    self.last_source = "dpcoord"
+                    return ranks
+                where = self._why or self._where("route")
+            finally:
+                self._release()
+        else:
+            where = "client busy: another call holds it"
+        return self._route_locally(n, rank, bootstrap_room, session, where)
+
+    def _health_route_steps(self, rank, bootstrap_room) -> Steps:
+        query = _core.health_route_query(rank, bootstrap_room)
+        where = self._where("health")
+        if self._eps["health"] and (yield ("acquire",)):
+            try:
+                reply = yield from self._ask("health", query, fast=True)
+                if reply is not None:
+                    result = _core.rank_of(reply)
+                    yield from self._after_reply("health", reply)
+                    return result
+            finally:
+                self._release()
+        return self._local.health_route(rank, bootstrap_room, where)
+
+    def _health_report_steps(self, rank, ok) -> Steps:
+        query = _core.health_report_query(rank, ok)
+        if self._eps["health"] and (yield ("acquire",)):
+            try:
+                if (yield from self._ask("health", query, fast=True)) is not None:
+                    return True
+            finally:
+                self._release()
+        self.dropped_reports += 1
+        return False
+
+    def _state_steps(self) -> Steps:
+        reply = yield from self._call_steps("state", "route", {})
+        self._local.observe_state(reply, self.last_endpoint)
+        return reply
+
+    def _ping_steps(self) -> Steps:
+        return _core.epoch_of((yield from self._call_steps("ping", "route", {})))
+
+    def _call_steps(self, op: str, channel: str, fields: dict[str, Any]) -> Steps:
+        self._check_channel(channel)
+        query = {"v": _core.VERSION, "op": op, **fields}
+        if not (yield ("acquire",)):
+            raise UnreachableError(message="the client is busy with a call that is waiting for dpcoord")
+        try:
+            reply = yield from self._ask(channel, query, fast=False)
+        finally:
+            self._release()
+        if reply is None:
+            raise UnreachableError(message=self._where(channel))
+        return reply
+
+    # -- the steps of those flows (called with the lock held) --------------------------
+
+    def _uninformed(self, rank: Any, bootstrap_room: Any) -> Callable[[Endpoint, DpcoordError], Steps]:
+        """The refusal filter of ``route``: ``no_engine_available`` or
+        ``rank_unavailable`` from a dpcoord no engine has reported to yet (it just
+        started) moves on to the next endpoint, then to the local fallback."""
+
+        def skip(ep: Endpoint, err: DpcoordError) -> Steps:
+            if not self._may_be_uninformed(err):
+                return False
+            raw = yield from self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
+            return self._skip_uninformed(ep, raw, err, rank, bootstrap_room)
+
+        return skip
+
+    def _after_reply(self, channel: str, reply: dict[str, Any]) -> Steps:
+        """Keeps the fallback pool current: a new epoch means the routable set changed."""
+        if not self._needs_state(reply):
+            return
+        try:
+            state = yield from self._ask(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
+        except DpcoordError:
+            return
+        if state is not None:
+            self._local.observe_state(state, self.last_endpoint)
+
+    def _exchange(self, ep: Endpoint, payload: bytes) -> Steps:
+        """One request and its reply, or None after ``timeout_ms`` (socket reset)."""
+        if ep.sock is None or ep.probe_at is not None:
+            self._reset(ep)
+            self._open(ep)
+        return (yield ("exchange", ep, payload))
+
+    def _check_probe(self, ep: Endpoint) -> Steps:
+        """Without waiting: did the down endpoint answer its probe?"""
+        if ep.probe_at is None or ep.sock is None:
+            return
+        if (yield ("probe_answered", ep)):
+            ep.probe_at = None
+            self._mark_up(ep)
+            return
+        if time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
+            self._reset(ep)  # lazy pirate: a fresh socket and probe on the next call
+
+    def _ensure_probe(self, ep: Endpoint) -> Steps:
+        if ep.probe_at is not None:
+            return
+        self._reset(ep)
+        self._open(ep)
+        if (yield ("send_probe", ep, _core.encode({"v": _core.VERSION, "op": "ping"}))):
+            ep.probe_at = time.monotonic()
+        else:
+            self._reset(ep)
+
+    def _ask(self, channel: str, query: dict[str, Any], fast: bool, skip=None) -> Steps:
+        """The first usable answer among the channel's endpoints, in order, or None.
+
+        ``fast`` passes over endpoints that are down (their probe is checked
+        instead of waiting on them). A refusal for which ``skip(endpoint, error)``
+        is true is passed over like a missing answer; any other refusal raises."""
+        eps = self._eps[channel]
+        for ep in eps:
+            if ep.down:
+                yield from self._check_probe(ep)
+                if ep.down and fast:
+                    yield from self._ensure_probe(ep)  # keep a probe in flight while others answer
+        payload = _core.encode(query)
+        self._why = None
+        for ep in eps:
+            if ep.down and fast:
+                continue
+            raw = yield from self._exchange(ep, payload)
+            if raw is None:
+                self._mark_down(ep)
+                continue
+            try:
+                return self._answered(ep, raw, query)
+            except DpcoordError as e:
+                if skip is not None and (yield from skip(ep, e)):
+                    continue
+                raise
+        for ep in eps:
+            if ep.down:
+                yield from self._ensure_probe(ep)
+        return None
 
     # -- decisions on what a call got back (no waiting) -------------------------------
 

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from . import _core
-from ._base import ClientBase
+from ._base import ClientBase, Steps
 from ._core import Endpoint
-from .errors import DpcoordError, UnreachableError
 
 
 class AsyncRouterClient(ClientBase):
@@ -41,67 +38,22 @@ class AsyncRouterClient(ClientBase):
         session: str | None = None,
         id: Any = None,
     ) -> list[int]:
-        query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
-        if await self._acquire():
-            try:
-                reply = await self._call("route", query, fast=True, skip=self._uninformed(rank, bootstrap_room))
-                if reply is not None:
-                    ranks = self._routed(reply, n)
-                    await self._after_reply("route", reply)
-                    self.last_source = "dpcoord"
-                    return ranks
-                where = self._why or self._where("route")
-            finally:
-                self._release()
-        else:
-            where = "client busy: another call holds it"
-        return self._route_locally(n, rank, bootstrap_room, session, where)
+        return await self._run(self._route_steps(n, prompt_tokens, rank, bootstrap_room, session, id))
 
     async def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
-        query = _core.health_route_query(rank, bootstrap_room)
-        where = self._where("health")
-        if self._eps["health"] and await self._acquire():
-            try:
-                reply = await self._call("health", query, fast=True)
-                if reply is not None:
-                    result = _core.rank_of(reply)
-                    await self._after_reply("health", reply)
-                    return result
-            finally:
-                self._release()
-        return self._local.health_route(rank, bootstrap_room, where)
+        return await self._run(self._health_route_steps(rank, bootstrap_room))
 
     async def health_report(self, rank: int, ok: bool) -> bool:
-        query = _core.health_report_query(rank, ok)
-        if self._eps["health"] and await self._acquire():
-            try:
-                if await self._call("health", query, fast=True) is not None:
-                    return True
-            finally:
-                self._release()
-        self.dropped_reports += 1
-        return False
+        return await self._run(self._health_report_steps(rank, ok))
 
     async def state(self) -> dict[str, Any]:
-        reply = await self.call("state")
-        self._local.observe_state(reply, self.last_endpoint)
-        return reply
+        return await self._run(self._state_steps())
 
     async def ping(self) -> int:
-        return _core.epoch_of(await self.call("ping"))
+        return await self._run(self._ping_steps())
 
     async def call(self, op: str, channel: str = "route", **fields: Any) -> dict[str, Any]:
-        self._check_channel(channel)
-        query = {"v": _core.VERSION, "op": op, **fields}
-        if not await self._acquire():
-            raise UnreachableError(message="the client is busy with a call that is waiting for dpcoord")
-        try:
-            reply = await self._call(channel, query, fast=False)
-        finally:
-            self._release()
-        if reply is None:
-            raise UnreachableError(message=self._where(channel))
-        return reply
+        return await self._run(self._call_steps(op, channel, fields))
 
     def close(self) -> None:
         self._reset_all()
@@ -112,9 +64,22 @@ class AsyncRouterClient(ClientBase):
     async def __aexit__(self, *exc) -> None:
         self.close()
 
-    # -- internals ----------------------------------------------------------------
+    # -- the driver: each step of a call's flow, awaited ---------------------------------
 
-    async def _acquire(self) -> bool:
+    async def _run(self, steps: Steps) -> Any:
+        result = None
+        while True:
+            try:
+                step = steps.send(result)
+            except StopIteration as done:
+                return done.value
+            try:
+                result = await getattr(self, "_io_" + step[0])(*step[1:])
+            except BaseException:  # cancellation too
+                steps.close()  # the flow's `finally` releases the lock
+                raise
+
+    async def _io_acquire(self) -> bool:
         if self._lock is None:
             self._lock = asyncio.Lock()
         try:
@@ -123,33 +88,7 @@ class AsyncRouterClient(ClientBase):
         except asyncio.TimeoutError:
             return False
 
-    def _release(self) -> None:
-        assert self._lock is not None
-        self._lock.release()
-
-    def _uninformed(self, rank: Any, bootstrap_room: Any):
-        async def skip(ep: Endpoint, err: DpcoordError) -> bool:
-            if not self._may_be_uninformed(err):
-                return False
-            raw = await self._exchange(ep, _core.encode({"v": _core.VERSION, "op": "state"}))
-            return self._skip_uninformed(ep, raw, err, rank, bootstrap_room)
-
-        return skip
-
-    async def _after_reply(self, channel: str, reply: dict[str, Any]) -> None:
-        if not self._needs_state(reply):
-            return
-        try:
-            state = await self._call(channel, {"v": _core.VERSION, "op": "state"}, fast=True)
-        except DpcoordError:
-            return
-        if state is not None:
-            self._local.observe_state(state, self.last_endpoint)
-
-    async def _exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
-        if ep.sock is None or ep.probe_at is not None:
-            self._reset(ep)
-            self._open(ep)
+    async def _io_exchange(self, ep: Endpoint, payload: bytes) -> bytes | None:
         sock = ep.sock
         done = False
         try:
@@ -165,54 +104,18 @@ class AsyncRouterClient(ClientBase):
                 self._reset(ep)
         return None
 
-    async def _check_probe(self, ep: Endpoint) -> None:
-        if ep.probe_at is None or ep.sock is None:
-            return
+    async def _io_probe_answered(self, ep: Endpoint) -> bool:
         try:
             if await ep.sock.poll(0, zmq.POLLIN):
                 await ep.sock.recv()
-                ep.probe_at = None
-                self._mark_up(ep)
-                return
+                return True
         except zmq.ZMQError:
             pass
-        if time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
-            self._reset(ep)
+        return False
 
-    async def _ensure_probe(self, ep: Endpoint) -> None:
-        if ep.probe_at is not None:
-            return
-        self._reset(ep)
-        sock = self._open(ep)
+    async def _io_send_probe(self, ep: Endpoint, payload: bytes) -> bool:
         try:
-            await sock.send(_core.encode({"v": _core.VERSION, "op": "ping"}), zmq.NOBLOCK)
-            ep.probe_at = time.monotonic()
+            await ep.sock.send(payload, zmq.NOBLOCK)
+            return True
         except zmq.ZMQError:
-            self._reset(ep)
-
-    async def _call(self, channel: str, query: dict[str, Any], fast: bool, skip=None) -> dict[str, Any] | None:
-        eps = self._eps[channel]
-        for ep in eps:
-            if ep.down:
-                await self._check_probe(ep)
-                if ep.down and fast:
-                    await self._ensure_probe(ep)  # keep a probe in flight while others answer
-        payload = _core.encode(query)
-        self._why = None
-        for ep in eps:
-            if ep.down and fast:
-                continue
-            raw = await self._exchange(ep, payload)
-            if raw is None:
-                self._mark_down(ep)
-                continue
-            try:
-                return self._answered(ep, raw, query)
-            except DpcoordError as e:
-                if skip is not None and await skip(ep, e):
-                    continue
-                raise
-        for ep in eps:
-            if ep.down:
-                await self._ensure_probe(ep)
-        return None
+            return False
