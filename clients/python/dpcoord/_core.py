@@ -276,12 +276,7 @@ class LocalRouter:
             if fixed is not None:
                 out = [fixed] * n
             else:
-                pool = self.pool()
-                if not pool:
-                    raise UnreachableError(
-                        message=f"dpcoord cannot place the request ({where}) and no rank is known to fall back on;"
-                        " pass dp_size= to the client"
-                    )
+                pool = self._fallback_pool(where)
                 if session is not None:
                     out = [pool[zlib.crc32(session.encode()) % len(pool)]] * n
                 else:
@@ -293,16 +288,21 @@ class LocalRouter:
             self._note_fallback(where)
             return out
 
+    def _fallback_pool(self, where: str) -> list[int]:
+        """The pool to fall back on; raises UnreachableError when no rank is known."""
+        pool = self.pool()
+        if not pool:
+            raise UnreachableError(
+                message=f"dpcoord cannot place the request ({where}) and no rank is known to fall back on;"
+                " pass dp_size= to the client"
+            )
+        return pool
+
     def health_route(self, rank, bootstrap_room, where: str) -> int:
         with self._lock:
             fixed = self._fixed(rank, bootstrap_room)
             if fixed is None:
-                pool = self.pool()
-                if not pool:
-                    raise UnreachableError(
-                        message=f"dpcoord cannot place the request ({where}) and no rank is known to fall back on;"
-                        " pass dp_size= to the client"
-                    )
+                pool = self._fallback_pool(where)
                 fixed = pool[self._health_cursor % len(pool)]
                 self._health_cursor = (self._health_cursor + 1) % len(pool)
             self.health_fallbacks += 1

@@ -242,17 +242,9 @@ def sglang_publish_kwargs(
     return _publish_kwargs(counters, waiting, running, tokens, kv_usage)
 
 
-def publish_sglang(
-    publisher: StatsPublisher,
-    load: Any,
-    counters: EngineCounters,
-    *,
-    waiting_tokens: int | None = None,
-    page_size: int | None = None,
-    kv_usage: float | None = None,
-) -> dict[str, Any]:
-    """Publishes one update from an SGLang scheduler's load report; returns what was sent."""
-    kwargs = sglang_publish_kwargs(
-        load, counters, waiting_tokens=waiting_tokens, page_size=page_size, kv_usage=kv_usage
-    )
-    return publisher.publish(**kwargs)
+def publish_sglang(publisher: StatsPublisher, load: Any, counters: EngineCounters, **options: Any) -> dict[str, Any]:
+    """Publishes one update from an SGLang scheduler's load report; returns what was sent.
+
+    ``options`` are :func:`sglang_publish_kwargs`'s keywords (``waiting_tokens``,
+    ``page_size``, ``kv_usage``)."""
+    return publisher.publish(**sglang_publish_kwargs(load, counters, **options))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import threading
@@ -124,30 +125,21 @@ class StatsPublisher:
             update["tpot_ms"] = _float("tpot_ms", tpot_ms)
         return update
 
-    def publish(
-        self,
-        waiting: int,
-        running: int,
-        received: int,
-        finished: int,
-        failed: int,
-        tokens: Sequence[int] | None = None,
-        kv_usage: float | None = None,
-        ttft_ms: float | None = None,
-        tpot_ms: float | None = None,
-    ) -> dict[str, Any]:
-        """Checks and sends one update; returns it. Raises ValueError (nothing sent,
-        ``seq`` unchanged) when a value breaks the contract.
+    def publish(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Checks and sends one update (the arguments of :meth:`build`); returns it.
+        Raises ValueError (nothing sent, ``seq`` unchanged) when a value breaks the contract.
 
         ``waiting``/``running`` are gauges; ``received``/``finished``/``failed``
         count user requests since this boot and never go backwards. Health-probe
         requests belong in none of them."""
         with self._lock:
-            update = self.build(waiting, running, received, finished, failed, tokens, kv_usage, ttft_ms, tpot_ms)
+            update = self.build(*args, **kwargs)
             self._sock.send(msgpack.packb(update, use_bin_type=True))
             self.seq = update["seq"]
             self._last = dict(zip(COUNTS, update["counts"]))
             return update
+
+    publish.__signature__ = inspect.signature(build)  # what help() and IDEs show
 
     def restart(self, boot: int | None = None) -> int:
         """Starts a new incarnation (counters start over): a ``boot`` above the
