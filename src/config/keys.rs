@@ -15,7 +15,8 @@ pub struct Key {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flag {
     pub value_name: &'static str,
-    /// What the flag sets; `--help` appends the key's `section.name`.
+    /// What the flag sets; `--help` appends the key's `section.name`
+    /// (and shows only that when this is empty).
     pub help: &'static str,
 }
 
