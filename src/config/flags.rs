@@ -21,10 +21,7 @@ pub fn flags() -> Vec<Arg> {
                 "" => key.path(),
                 help => format!("{help} ({})", key.path()),
             };
-            // clap (without its `string` feature) takes only `&'static str`
-            // names; each flag's is made once, when the command is built.
-            let long: &'static str = key.name.replace('_', "-").leak();
-            let arg = Arg::new(key.name).long(long).value_name(flag.value_name).help(help);
+            let arg = Arg::new(key.name).long(key.name.replace('_', "-")).value_name(flag.value_name).help(help);
             match any {
                 AnyKey::Int(_) => arg.value_parser(clap::value_parser!(i64)).action(ArgAction::Set),
                 AnyKey::Float(_) => arg.value_parser(clap::value_parser!(f64)).action(ArgAction::Set),
