@@ -8,6 +8,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::io::daemon::Daemon;
 use dpcoord::io::http;
+use dpcoord::routing::ConfigSource;
 
 /// The command's own arguments; the config flags (`--dp-size`, ...) are
 /// added from the key specs by [`command_line`].
@@ -30,6 +31,8 @@ struct Cli {
 enum Cmd {
     /// Check a config file and exit (0 when valid, 2 with the bad key otherwise).
     CheckConfig { file: PathBuf },
+    /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
+    Probe(dpcoord::io::probe::ProbeArgs),
     #[cfg(feature = "sim")]
     /// Run dpcoord with 8 simulated engines, 2 frontends and a health prober, showing a live table.
     Demo(dpcoord::sim::demo::DemoArgs),
@@ -53,8 +56,8 @@ fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
 }
 
 /// The file's table with every given flag folded in.
-fn table(cli: &Cli, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
-    let mut t = match &cli.config {
+fn table(config: Option<&PathBuf>, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
+    let mut t = match config {
         Some(path) => read_file(path)?,
         None => toml::Table::new(),
     };
@@ -72,16 +75,22 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Waits for SIGTERM, SIGINT, or the daemon ending on its own.
+/// Waits for SIGTERM, SIGINT, or the daemon ending on its own; SIGHUP
+/// asks the daemon to reload its configuration and waits on.
 async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let mut poll = tokio::time::interval(std::time::Duration::from_millis(100));
     loop {
         tokio::select! {
             _ = term.recv() => return Ok("SIGTERM"),
             _ = int.recv() => return Ok("SIGINT"),
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                daemon.request_reload();
+            }
             _ = poll.tick() => if daemon.is_finished() { return Ok("coordinator ended") },
         }
     }
@@ -89,14 +98,14 @@ async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
 
 /// Serves until a signal or the coordinator's end; `Err` is the one-line
 /// reason the daemon failed.
-fn serve(cfg: Config) -> Result<(), String> {
+fn serve(cfg: Config, source: ConfigSource) -> Result<(), String> {
     init_logging(cfg.server.log_format);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let listener = http::bind(cfg.server.metrics_bind).map_err(|e| e.to_string())?;
-    let daemon = Daemon::start(&cfg).map_err(|e| e.to_string())?;
+    let daemon = Daemon::start(&cfg, source).map_err(|e| e.to_string())?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone());
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
     match rt.block_on(wait_for_stop(&daemon)) {
@@ -112,6 +121,11 @@ fn serve(cfg: Config) -> Result<(), String> {
     coordinator.map_err(|join| format!("the coordinator failed while stopping: {join}"))?.map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Reads the configuration again as at start: the same file, the same flags.
+fn reloader(config: Option<PathBuf>, matches: ArgMatches) -> ConfigSource {
+    Box::new(move || table(config.as_ref(), &matches).and_then(Config::from_table))
 }
 
 /// Prints `e` as dpcoord's one error line and exits with `code`.
@@ -139,6 +153,7 @@ fn main() -> ExitCode {
         Some(Cmd::Demo(args)) => dpcoord::sim::demo::main(args),
         #[cfg(feature = "sim")]
         Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
+        Some(Cmd::Probe(args)) => dpcoord::io::probe::main(args),
         Some(Cmd::CheckConfig { file }) => match read_file(file).and_then(Config::from_table) {
             Ok(_) => {
                 println!("{}: ok", file.display());
@@ -146,8 +161,8 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e, ExitCode::from(2)),
         },
-        None => match table(&cli, &matches).and_then(Config::from_table) {
-            Ok(cfg) => match serve(cfg) {
+        None => match table(cli.config.as_ref(), &matches).and_then(Config::from_table) {
+            Ok(cfg) => match serve(cfg, reloader(cli.config.clone(), matches)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e, ExitCode::FAILURE),
             },

@@ -234,7 +234,8 @@ fn stats_messages_are_counted_by_result_and_engine_totals_span_boots() {
     p.send(&update(0, 2, 1, [0, 0, 2, 1, 1])); // ok: a restart
     let want: Vec<f64> = base.iter().zip([2.0, 3.0, 2.0, 2.0]).map(|(b, d)| b + d).collect();
     let m = scrape_when(&d, "stats counted and exported", |m| {
-        stats_counts(m) == want && m.value("dpcoord_engine_finished_total", &[("dp_rank", "0")]) > 0.0
+        // Totals are exported on the tick: wait for the one after the restart.
+        stats_counts(m) == want && m.value("dpcoord_engine_failed_total", &[("dp_rank", "0")]) >= 2.0
     });
     // Totals across boots: (3 + 1) finished, (1 + 1) failed.
     assert_eq!(m.per_rank("dpcoord_engine_finished_total", &[], 2), [4.0, 0.0]);

@@ -129,6 +129,8 @@ pub const LOG_FORMAT: StrKey =
 pub const ROUTE_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "route_allow") };
 pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow") };
 pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
+/// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
+pub const IPC_MODE: StrKey = StrKey { key: Key::new(SERVER, "ipc_mode"), default: "" };
 
 pub const DP_SIZE: IntKey =
     IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 65_536 };
@@ -176,7 +178,7 @@ pub const MAX_MESSAGE_BYTES: IntKey =
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 33] = [
+pub const ALL: [AnyKey; 34] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -192,6 +194,7 @@ pub const ALL: [AnyKey; 33] = [
     AnyKey::List(&ROUTE_ALLOW),
     AnyKey::List(&HEALTH_ALLOW),
     AnyKey::List(&STATS_ALLOW),
+    AnyKey::Str(&IPC_MODE),
     AnyKey::Int(&READMIT_UPDATES),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),
     AnyKey::Float(&WEIGHT_WAITING),

@@ -69,6 +69,8 @@ pub struct Server {
     pub route_allow: Allowlist,
     pub health_allow: Allowlist,
     pub stats_allow: Allowlist,
+    /// File mode set on each bound ipc:// socket; `None` keeps the umask's.
+    pub ipc_mode: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

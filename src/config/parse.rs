@@ -157,6 +157,7 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
     let route_allow = s.allowlist(&keys::ROUTE_ALLOW, Some(&route_bind))?;
     let health_allow = s.allowlist(&keys::HEALTH_ALLOW, Some(&health_bind))?;
     let stats_allow = s.allowlist(&keys::STATS_ALLOW, stats_bind.as_deref())?;
+    let ipc_mode = parse_mode(&s.string(&keys::IPC_MODE)?).map_err(|p| err(keys::IPC_MODE.key.path(), p))?;
     s.finish()?;
     Ok(Server {
         route_bind,
@@ -168,7 +169,20 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         route_allow,
         health_allow,
         stats_allow,
+        ipc_mode,
     })
+}
+
+/// A file mode as octal digits (`"0660"`, `"660"`), at most `0777`; `""` is none.
+fn parse_mode(s: &str) -> Result<Option<u32>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let bad = || format!("`{s}` is not a file mode; use 3 or 4 octal digits up to \"0777\", like \"0660\"");
+    if !(3..=4).contains(&s.len()) || !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err(bad());
+    }
+    u32::from_str_radix(s, 8).ok().filter(|&m| m <= 0o777).map(Some).ok_or_else(bad)
 }
 
 pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {

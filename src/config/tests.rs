@@ -172,6 +172,20 @@ fn flags_override_the_file_and_empty_stats_bind_disables_it() {
 }
 
 #[test]
+fn ipc_mode_is_octal_digits_or_empty() {
+    assert_eq!(Config::default().server.ipc_mode, None);
+    for (text, mode) in [("0660", 0o660), ("660", 0o660), ("0777", 0o777), ("0600", 0o600)] {
+        assert_eq!(parse(&format!("[server]\nipc_mode = \"{text}\"")).unwrap().server.ipc_mode, Some(mode), "{text}");
+    }
+    for bad in ["\"rw-rw----\"", "\"0668\"", "\"1777\"", "\"66\"", "\"00660\"", "\" 660\"", "\"+660\"", "660"] {
+        let e = parse(&format!("[server]\nipc_mode = {bad}")).unwrap_err();
+        assert_eq!(e.key, "server.ipc_mode", "{bad}");
+    }
+    let e = parse("[server]\nipc_mode = \"0668\"").unwrap_err().to_string();
+    assert!(e.starts_with("server.ipc_mode: `0668` is not a file mode"), "{e}");
+}
+
+#[test]
 fn endpoints() {
     for ok in ["tcp://127.0.0.1:5570", "tcp://*:1", "tcp://[::1]:80", "ipc:///tmp/x", "inproc://a", "tcp://h:*"] {
         assert_eq!(check_endpoint(ok), Ok(()), "{ok}");

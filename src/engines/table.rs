@@ -185,14 +185,18 @@ impl EngineTable {
         t
     }
 
-    /// Grows (new ranks are `unknown`) or shrinks to `dp_size` ranks; the
-    /// epoch moves when the routable set changed.
+    /// Grows (new ranks are `unknown`) or shrinks to `dp_size` ranks. The
+    /// epoch moves exactly once when the count changes: the set of ranks a
+    /// client may name changed, whether or not a routable one left.
     pub fn resize(&mut self, dp_size: u32) {
         let n = dp_size as usize;
-        let dropped_routable = self.engines.iter().skip(n).any(|e| e.status.is_routable());
+        if n == self.engines.len() {
+            return;
+        }
+        let epoch = self.epoch + u64::from(!self.engines.is_empty());
         self.engines.resize_with(n, EngineState::new);
         self.ttfts = Vec::with_capacity(n);
-        self.epoch += u64::from(dropped_routable);
+        self.epoch = epoch;
     }
 
     /// Takes new liveness and penalty settings; they apply from the next tick.

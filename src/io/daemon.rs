@@ -1,15 +1,15 @@
 //! Runs the daemon: sockets, the coordinator thread, and shutdown.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
 use crate::io::sockets::{Sockets, TransportError};
-use crate::io::transport;
+use crate::io::transport::{self, Control};
 use crate::observability::metrics::Metrics;
-use crate::routing::{Coordinator, Published};
+use crate::routing::{ConfigSource, Coordinator, Published};
 
 /// A running daemon; [`Daemon::stop`] ends it.
 pub struct Daemon {
@@ -17,23 +17,26 @@ pub struct Daemon {
     pub registry: prometheus::Registry,
     /// Engine-table snapshots, replaced every tick.
     pub published: Arc<Published>,
-    stop: Arc<AtomicBool>,
+    control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
 }
 
 impl Daemon {
     /// Binds every socket (errors come back here) and starts serving.
-    pub fn start(cfg: &Config) -> Result<Daemon, TransportError> {
+    /// `source` is where a reload (SIGHUP, the `reload` op) reads the
+    /// configuration again.
+    pub fn start(cfg: &Config, source: ConfigSource) -> Result<Daemon, TransportError> {
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
-        let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now());
+        let mut coord =
+            Coordinator::new(&cfg.settings, metrics, Instant::now()).with_config_source(cfg.server.clone(), source);
         let published = coord.published();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let control = Arc::new(Control::default());
+        let shared = Arc::clone(&control);
         let thread = std::thread::Builder::new()
             .name("coordinator".into())
-            .spawn(move || transport::serve(sockets, &mut coord, &flag))
+            .spawn(move || transport::serve(sockets, &mut coord, &shared))
             .map_err(TransportError::Thread)?;
         tracing::info!(
             route = %cfg.server.route_bind,
@@ -43,7 +46,7 @@ impl Daemon {
             policy = cfg.settings.routing.policy.as_str(),
             "dpcoord serving"
         );
-        Ok(Daemon { registry, published, stop, thread })
+        Ok(Daemon { registry, published, control, thread })
     }
 
     /// True once the coordinator thread has ended (on error or stop).
@@ -51,9 +54,15 @@ impl Daemon {
         self.thread.is_finished()
     }
 
+    /// Asks the coordinator to re-read the configuration (SIGHUP); it does
+    /// so between two queries, within one poll wait.
+    pub fn request_reload(&self) {
+        self.control.reload.store(true, Ordering::Relaxed);
+    }
+
     /// Asks the coordinator to answer what is queued and stop; waits for it.
     pub fn stop(self) -> Result<(), TransportError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.control.stop.store(true, Ordering::Relaxed);
         match self.thread.join() {
             Ok(r) => r,
             Err(panic) => std::panic::resume_unwind(panic),

@@ -4,6 +4,8 @@
 pub mod access;
 pub mod daemon;
 pub mod http;
+pub mod ipc;
+pub mod probe;
 pub mod sockets;
 pub mod transport;
 mod zap;

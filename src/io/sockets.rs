@@ -2,7 +2,6 @@
 //! health ROUTERs, and the ZAP handler behind peer allowlists.
 
 use crate::config::{Config, Server};
-use crate::io::access::Allowlist;
 use crate::wire::SourceKind;
 
 /// How long close waits to flush replies already queued.
@@ -26,6 +25,8 @@ pub enum TransportError {
     Thread(std::io::Error),
     #[error("zeromq error on the {socket} socket: {source}")]
     Socket { socket: &'static str, source: zmq::Error },
+    #[error(transparent)]
+    IpcMode(#[from] crate::io::ipc::ModeError),
 }
 
 pub(super) fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
@@ -43,29 +44,21 @@ pub struct Source {
     pub kind: SourceKind,
 }
 
-/// The allowlists the ZAP handler enforces, by ZAP domain.
-pub struct Access {
-    pub route: Allowlist,
-    pub health: Allowlist,
-    pub stats: Allowlist,
-}
-
 pub struct Sockets {
     // Field order matters: sockets close before the context drops.
     /// Engine sources, in the order they are served.
     pub sources: Vec<Source>,
     pub route: zmq::Socket,
     pub health: zmq::Socket,
-    /// The ZAP handler, present when some socket has a peer allowlist.
-    pub zap: Option<(zmq::Socket, Access)>,
+    /// The ZAP handler, asked about every new peer of the bound sockets.
+    pub zap: zmq::Socket,
     _ctx: zmq::Context,
 }
 
-/// Asks libzmq to consult the ZAP handler for this socket's peers.
-fn guard(s: &zmq::Socket, name: &'static str, list: &Allowlist) -> Result<(), TransportError> {
-    if list.is_empty() {
-        return Ok(());
-    }
+/// Asks libzmq to consult the ZAP handler for this bound socket's peers.
+/// Every bound socket has a domain, so that a reload can set an allowlist
+/// that was empty at start (it applies to connections made after it).
+fn guard(s: &zmq::Socket, name: &'static str) -> Result<(), TransportError> {
     s.set_zap_domain(name).map_err(sock_err(name))
 }
 
@@ -77,15 +70,9 @@ fn backstop(cfg: &Config) -> i64 {
     (cfg.settings.limits.max_message_bytes as i64).saturating_mul(16)
 }
 
-fn router(
-    ctx: &zmq::Context,
-    name: &'static str,
-    ep: &str,
-    allow: &Allowlist,
-    cfg: &Config,
-) -> Result<zmq::Socket, TransportError> {
+fn router(ctx: &zmq::Context, name: &'static str, ep: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
     let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
-    guard(&s, name, allow)?;
+    guard(&s, name)?;
     // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
     s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
     s.set_linger(LINGER_MS).map_err(sock_err(name))?;
@@ -93,6 +80,7 @@ fn router(
     s.set_sndhwm(QUERY_HWM).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
+    crate::io::ipc::set_mode(&s, cfg.server.ipc_mode)?;
     Ok(s)
 }
 
@@ -123,9 +111,10 @@ fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportErr
     let mut sources = Vec::new();
     if let Some(ep) = &srv.stats_bind {
         let s = subscriber(ctx, "stats")?;
-        guard(&s, "stats", &srv.stats_allow)?;
+        guard(&s, "stats")?;
         s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
+        crate::io::ipc::set_mode(&s, srv.ipc_mode)?;
         sources.push(Source { socket: s, kind: SourceKind::Stats });
     }
     for (kind, endpoints) in connected(srv).into_iter().filter(|(_, eps)| !eps.is_empty()) {
@@ -143,24 +132,12 @@ impl Sockets {
     pub fn open(cfg: &Config) -> Result<Sockets, TransportError> {
         let ctx = zmq::Context::new();
         let srv = &cfg.server;
-        let guarded = [&srv.route_allow, &srv.health_allow, &srv.stats_allow].iter().any(|l| !l.is_empty());
-        // The handler is bound before any guarded socket can accept a peer.
-        let zap = match guarded {
-            true => {
-                let z = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
-                z.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
-                let access = Access {
-                    route: srv.route_allow.clone(),
-                    health: srv.health_allow.clone(),
-                    stats: srv.stats_allow.clone(),
-                };
-                Some((z, access))
-            }
-            false => None,
-        };
+        // The handler is bound before any socket can accept a peer.
+        let zap = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
+        zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
         let sources = sources(&ctx, cfg)?;
-        let route = router(&ctx, "route", &srv.route_bind, &srv.route_allow, cfg)?;
-        let health = router(&ctx, "health", &srv.health_bind, &srv.health_allow, cfg)?;
+        let route = router(&ctx, "route", &srv.route_bind, cfg)?;
+        let health = router(&ctx, "health", &srv.health_bind, cfg)?;
         Ok(Sockets { sources, route, health, zap, _ctx: ctx })
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sockets::{sock_err, Access, Sockets, Source, TransportError};
+use super::sockets::{sock_err, Sockets, Source, TransportError};
 use super::zap;
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
@@ -140,9 +140,18 @@ fn drain_queries(
     Ok(true)
 }
 
+/// What other threads ask of the serving loop.
+#[derive(Debug, Default)]
+pub struct Control {
+    /// Answer what is queued and stop.
+    pub stop: AtomicBool,
+    /// Re-read the configuration (SIGHUP), then clear the flag.
+    pub reload: AtomicBool,
+}
+
 /// One socket the loop polls, with what it carries.
 enum Polled<'a> {
-    Zap(&'a zmq::Socket, &'a Access),
+    Zap(&'a zmq::Socket),
     Source(&'a Source),
     Query(&'a zmq::Socket, Channel),
 }
@@ -150,7 +159,7 @@ enum Polled<'a> {
 impl Polled<'_> {
     fn socket(&self) -> &zmq::Socket {
         match self {
-            Polled::Zap(s, _) | Polled::Query(s, _) => s,
+            Polled::Zap(s) | Polled::Query(s, _) => s,
             Polled::Source(src) => &src.socket,
         }
     }
@@ -171,7 +180,7 @@ impl Polled<'_> {
         zap_log: &mut LogLimiter<3>,
     ) -> Result<bool, TransportError> {
         let served = match *self {
-            Polled::Zap(z, access) => zap::drain(z, access, coord.metrics(), zap_log),
+            Polled::Zap(z) => zap::drain(z, coord, zap_log),
             Polled::Source(src) => drain_source(src, f, coord),
             Polled::Query(s, ch) => return drain_queries(s, ch, f, coord, BATCH),
         };
@@ -189,11 +198,10 @@ impl Polled<'_> {
 /// armed to signal the next message; a socket its batch limit stopped early
 /// is served again without waiting. Sockets are served in the order ZAP,
 /// sources, route, health.
-pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Result<(), TransportError> {
+pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Result<(), TransportError> {
     let Sockets { sources, route, health, zap, .. } = &sockets;
-    let polled: Vec<Polled<'_>> = zap
-        .iter()
-        .map(|(z, access)| Polled::Zap(z, access))
+    let polled: Vec<Polled<'_>> = [Polled::Zap(zap)]
+        .into_iter()
         .chain(sources.iter().map(Polled::Source))
         .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
         .collect();
@@ -205,8 +213,12 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, stop: &AtomicBool) -> Re
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
     let mut zap_log = LogLimiter::<3>::default();
-    while !stop.load(Ordering::Relaxed) {
+    while !control.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
+        if control.reload.swap(false, Ordering::Relaxed) {
+            // Counted and logged by the coordinator; a refusal changes nothing.
+            let _ = coord.reload_config(now);
+        }
         if now >= coord.next_tick() {
             coord.tick(now);
         }

@@ -95,6 +95,28 @@ impl RankFamilies {
     }
 }
 
+/// The `result` label of `dpcoord_config_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    Ok,
+    /// The configuration did not parse or check.
+    Invalid,
+    /// It changed a key that only a restart can apply.
+    RestartRequired,
+}
+
+impl ReloadResult {
+    pub const ALL: [ReloadResult; 3] = [ReloadResult::Ok, ReloadResult::Invalid, ReloadResult::RestartRequired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Ok => "ok",
+            ReloadResult::Invalid => "invalid",
+            ReloadResult::RestartRequired => "restart_required",
+        }
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub ranks: Vec<RankMetrics>,
@@ -110,6 +132,8 @@ pub struct Metrics {
     pub stats_missed: IntCounter,
     /// `dpcoord_access_denied_total` for the route, health and stats sockets.
     access_denied: [IntCounter; 3],
+    reloads: Vec<IntCounter>,
+    dp_size: IntGauge,
 }
 
 /// A query costs 1 to 5 us inside dpcoord (release build, 8 ranks); the
@@ -237,6 +261,17 @@ impl Metrics {
                 &["socket"],
             )),
         );
+        let reloads = register(
+            &r,
+            built(IntCounterVec::new(
+                opts("dpcoord_config_reloads_total", "Configuration reloads (SIGHUP or the reload op), by result."),
+                &["result"],
+            )),
+        );
+        let dp_gauge = register(
+            &r,
+            built(IntGauge::with_opts(opts("dpcoord_dp_size", "The number of DP ranks dpcoord routes over."))),
+        );
         let families = RankFamilies { routed, requests, finished, failed, up, penalty, age };
         let mut m = Metrics {
             registry: r,
@@ -251,6 +286,8 @@ impl Metrics {
             epoch,
             stats_missed,
             access_denied: ["route", "health", "stats"].map(|s| access_denied.with_label_values(&[s])),
+            reloads: ReloadResult::ALL.iter().map(|r| reloads.with_label_values(&[r.as_str()])).collect(),
+            dp_size: dp_gauge,
         };
         m.resize(dp_size);
         m
@@ -266,6 +303,12 @@ impl Metrics {
         while self.ranks.len() < n {
             self.ranks.push(self.families.handles(self.ranks.len()));
         }
+        self.dp_size.set(i64::from(dp_size));
+    }
+
+    pub fn reload(&self, result: ReloadResult) {
+        let i = ReloadResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
+        self.reloads[i].inc();
     }
 
     /// A connection to `socket` (a ZAP domain: route, health or stats) was refused.
@@ -296,7 +339,7 @@ mod tests {
     use super::*;
 
     /// The contract's Metrics table: name, type, label names.
-    const CONTRACT: [(&str, MetricType, &[&str]); 15] = [
+    const CONTRACT: [(&str, MetricType, &[&str]); 17] = [
         ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
         ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
         ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -313,6 +356,8 @@ mod tests {
         // Beyond the contract's table:
         ("dpcoord_stats_missed_total", MetricType::COUNTER, &[]),
         ("dpcoord_access_denied_total", MetricType::COUNTER, &["socket"]),
+        ("dpcoord_config_reloads_total", MetricType::COUNTER, &["result"]),
+        ("dpcoord_dp_size", MetricType::GAUGE, &[]),
     ];
 
     #[test]

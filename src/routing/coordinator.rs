@@ -8,7 +8,8 @@
 //! route query is answered with the user dispatcher, a health probe by the
 //! [`HealthDispatcher`] with a [`crate::engines::HealthHandle`] and nothing
 //! else. The rank count and the routing settings are runtime state:
-//! [`Coordinator::reload`] swaps them at the next tick.
+//! [`Coordinator::reload`] swaps them between two queries, and the admin
+//! ops (`resize`, `reload`; see `admin.rs`) reach the same path.
 
 use std::fmt::Display;
 use std::ops::Deref;
@@ -26,8 +27,9 @@ use crate::wire::{self, Channel, HealthOp, Id, QueryLimits, RouteOp, RouteReques
 
 pub struct Coordinator {
     settings: Settings,
-    /// Settings waiting for the next tick.
-    reloaded: Option<Settings>,
+    /// Where `reload` reads the configuration, and the socket settings in
+    /// force (allowlists change on reload; the rest needs a restart).
+    config: Option<admin::Reloadable>,
     limits: QueryLimits,
     next_tick: Instant,
     engines: EngineTable,
@@ -63,7 +65,7 @@ impl Coordinator {
     pub fn new(settings: &Settings, metrics: Metrics, now: Instant) -> Self {
         let c = Coordinator {
             settings: settings.clone(),
-            reloaded: None,
+            config: None,
             limits: limits(settings),
             next_tick: now + settings.routing.tick,
             engines: EngineTable::new(settings),
@@ -91,16 +93,41 @@ impl Coordinator {
         &self.metrics
     }
 
-    /// The settings in force (a reload shows here after the next tick).
+    /// The settings in force.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
 
-    /// New settings, applied at the next tick: the rank count (every
-    /// per-rank structure grows or shrinks), liveness, penalties, policy,
-    /// weights, sessions, TTLs and limits.
-    pub fn reload(&mut self, settings: Settings) {
-        self.reloaded = Some(settings);
+    /// New settings, in force from the next query on: the rank count (every
+    /// per-rank structure grows or shrinks; see [`Coordinator::resize`]),
+    /// liveness, penalties, policy, weights, sessions, TTLs and limits.
+    /// Counts, pending placements, sessions and penalties carry over.
+    pub fn reload(&mut self, settings: Settings, now: Instant) {
+        self.resize(settings.engines.dp_size);
+        self.engines.reload(&settings);
+        self.user.reload(&settings, now);
+        self.limits = limits(&settings);
+        self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
+        self.next_tick = self.next_tick.min(now + settings.routing.tick);
+        self.settings = settings;
+    }
+
+    /// Grows or shrinks every per-rank structure to `dp_size` ranks, at
+    /// once: new ranks are `unknown` until they publish; removed ranks take
+    /// no placement from here on (a pin to one is `invalid_rank`), their
+    /// sessions move, their metric series go, their reports are refused as
+    /// `unknown_rank`. The epoch moves exactly once when the count changes.
+    pub fn resize(&mut self, dp_size: u32) {
+        if dp_size == self.engines.dp_size() {
+            return;
+        }
+        tracing::info!(from = self.engines.dp_size(), to = dp_size, "dp_size changed");
+        self.engines.resize(dp_size);
+        self.user.resize(dp_size);
+        self.health.resize(dp_size);
+        self.metrics.resize(dp_size);
+        self.limits.dp_size = dp_size;
+        self.settings.engines.dp_size = dp_size;
     }
 
     /// One message from an engine source: every frame, or `None` when it
@@ -237,16 +264,17 @@ impl Coordinator {
                 }
                 Served::Recorded => wire::encode_ok(out, id, None),
             },
+            HealthOp::Admin(op) => {
+                self.admin(op, now)?;
+                wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch());
+            }
         }
         Ok(())
     }
 
-    /// Reloaded settings, liveness, epoch, pending expiry, penalties and gauges.
+    /// Liveness, epoch, pending expiry, penalties and gauges.
     pub fn tick(&mut self, now: Instant) {
         let started = Instant::now();
-        if let Some(settings) = self.reloaded.take() {
-            self.apply(settings, now);
-        }
         self.engines.tick(now);
         self.user.tick(now, &self.engines);
         super::export::export(&self.engines, &self.user, &self.metrics, now);
@@ -255,27 +283,15 @@ impl Coordinator {
         self.metrics.tick_duration.observe(started.elapsed().as_secs_f64());
     }
 
-    fn apply(&mut self, settings: Settings, now: Instant) {
-        let dp = settings.engines.dp_size;
-        if dp != self.engines.dp_size() {
-            tracing::info!(from = self.engines.dp_size(), to = dp, "dp_size changed");
-            self.engines.resize(dp);
-            self.user.resize(dp);
-            self.health.resize(dp);
-            self.metrics.resize(dp);
-        }
-        self.engines.reload(&settings);
-        self.user.reload(&settings, now);
-        self.limits = limits(&settings);
-        self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
-        self.settings = settings;
-    }
-
     /// The engine table as the `state` op and `/state` show it.
     pub fn state_view(&self, now: Instant) -> wire::StateView {
         super::export::state_view(&self.engines, &self.user, now)
     }
 }
+
+#[path = "admin.rs"]
+mod admin;
+pub use admin::ConfigSource;
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]

@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::config::PolicyKind;
+use crate::config::{Config, PolicyKind};
 use crate::engines::testing::settings;
 
 fn coordinator(dp: u32, policy: PolicyKind) -> Coordinator {
@@ -72,21 +72,18 @@ fn failed_health_reports_move_least_load_placements_and_nothing_else() {
 }
 
 #[test]
-fn reload_resizes_every_per_rank_structure_at_the_next_tick() {
+fn reload_resizes_every_per_rank_structure_before_the_next_query() {
     let mut c = coordinator(2, PolicyKind::RoundRobin);
     let t0 = Instant::now();
     update(&mut c, 0, 1, t0);
     update(&mut c, 1, 1, t0);
-    let mut s = settings(4);
-    s.routing.policy = PolicyKind::LeastLoad;
-    c.reload(s);
-    // Nothing changes before the tick.
-    assert_eq!(c.state_view(t0).ranks.len(), 2);
     let rank3 = json!({"v": 1, "op": "route", "rank": 3});
     assert_eq!(ask(&mut c, Channel::Route, rank3.clone(), t0)["error"]["code"], "invalid_rank");
-    c.tick(t0);
+    let mut s = settings(4);
+    s.routing.policy = PolicyKind::LeastLoad;
+    c.reload(s, t0);
     let view = c.state_view(t0);
-    assert_eq!((view.ranks.len(), view.policy, view.ranks[3].status), (4, "least_load", "unknown"));
+    assert_eq!((view.ranks.len(), view.policy, view.ranks[3].status, view.epoch), (4, "least_load", "unknown", 3));
     assert_eq!(c.metrics().ranks.len(), 4);
     update(&mut c, 3, 1, t0);
     assert_eq!(ask(&mut c, Channel::Route, rank3, t0)["ranks"], json!([3]));
@@ -94,9 +91,37 @@ fn reload_resizes_every_per_rank_structure_at_the_next_tick() {
     assert_eq!(ask(&mut c, Channel::Health, probe, t0)["rank"], 3);
     // Shrinking drops the ranks, their metric series and the epoch moves once.
     let epoch = c.state_view(t0).epoch;
-    c.reload(settings(1));
-    c.tick(t0);
+    c.reload(settings(1), t0);
     let view = c.state_view(t0);
     assert_eq!((view.ranks.len(), view.epoch, c.metrics().ranks.len()), (1, epoch + 1, 1));
     assert_eq!(route(&mut c, t0), json!(0));
+}
+
+#[test]
+fn resize_and_reload_ops_answer_with_the_new_view() {
+    use std::sync::{Arc, Mutex};
+    let t0 = Instant::now();
+    let file = Arc::new(Mutex::new(String::from("[engines]\ndp_size = 3\n")));
+    let read = Arc::clone(&file);
+    let source = Box::new(move || Config::from_table(Config::parse_toml(&read.lock().unwrap())?));
+    let mut c = coordinator(2, PolicyKind::RoundRobin).with_config_source(Config::default().server, source);
+    let resize = json!({"v": 1, "op": "resize", "dp_size": 5, "id": "r"});
+    assert_eq!(
+        ask(&mut c, Channel::Health, resize, t0),
+        json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "epoch": 1})
+    );
+    let reload = || json!({"v": 1, "op": "reload"});
+    assert_eq!(ask(&mut c, Channel::Health, reload(), t0), json!({"v": 1, "ok": true, "dp_size": 3, "epoch": 2}));
+    *file.lock().unwrap() = "[engines]\ndp_size = 0\n".into();
+    let refused = ask(&mut c, Channel::Health, reload(), t0);
+    assert_eq!(refused["error"]["code"], "invalid_config");
+    assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 65536, got 0; nothing changed");
+    *file.lock().unwrap() = "[server]\nroute_allow = [\"10.0.0.0/8\"]\n".into();
+    assert_eq!(ask(&mut c, Channel::Health, reload(), t0)["dp_size"], 8);
+    assert_eq!(c.allowlist("route").map(|l| l.allows("10.1.2.3")), Some(true));
+    assert_eq!(c.allowlist("route").map(|l| l.allows("127.0.0.1")), Some(false));
+    // Without a configuration source there is nothing to re-read.
+    let mut bare = coordinator(2, PolicyKind::RoundRobin);
+    assert_eq!(ask(&mut bare, Channel::Health, reload(), t0)["error"]["code"], "invalid_config");
+    assert_eq!(bare.allowlist("route"), None);
 }

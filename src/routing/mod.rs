@@ -14,6 +14,6 @@ mod session;
 mod user;
 mod window;
 
-pub use coordinator::Coordinator;
+pub use coordinator::{ConfigSource, Coordinator};
 pub use policy::PolicyKind;
 pub use published::Published;

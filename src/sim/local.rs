@@ -110,7 +110,9 @@ impl Local {
         let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
         let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats") };
         let config = settings.config(&eps)?;
-        let daemon = Daemon::start(&config)?;
+        // A reload re-reads the run's own configuration: nothing changes.
+        let fixed = config.clone();
+        let daemon = Daemon::start(&config, Box::new(move || Ok(fixed.clone())))?;
         let (published, registry) = (Arc::clone(&daemon.published), daemon.registry.clone());
         Ok(Local { daemon: Some(daemon), eps, published, registry, _dir: dir })
     }

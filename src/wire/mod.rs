@@ -12,10 +12,12 @@ mod stats;
 
 pub use crate::engines::Target;
 pub use query::{
-    decode_health_query, decode_route_query, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,
+    decode_health_query, decode_route_query, Admin, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,
     RouteRequest,
 };
-pub use reply::{encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView};
+pub use reply::{
+    encode_admin, encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView,
+};
 pub use source::{decode_source, SourceError, SourceKind};
 pub use stats::{decode_stats, StatsError};
 
@@ -33,10 +35,12 @@ pub enum ErrorCode {
     RankUnavailable,
     NoEngineAvailable,
     TooLarge,
+    /// A `reload` found a configuration it cannot apply.
+    InvalidConfig,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::BadRequest,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownOp,
@@ -44,6 +48,7 @@ impl ErrorCode {
         ErrorCode::RankUnavailable,
         ErrorCode::NoEngineAvailable,
         ErrorCode::TooLarge,
+        ErrorCode::InvalidConfig,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +60,7 @@ impl ErrorCode {
             ErrorCode::RankUnavailable => "rank_unavailable",
             ErrorCode::NoEngineAvailable => "no_engine_available",
             ErrorCode::TooLarge => "too_large",
+            ErrorCode::InvalidConfig => "invalid_config",
         }
     }
 }

@@ -8,7 +8,11 @@
 
 use super::msgpack::{Reader, Value};
 use super::{ErrorCode, Id, WireError};
+use crate::config::keys::DP_SIZE;
 use crate::engines::Target;
+
+/// The largest rank count a `resize` may ask for (`engines.dp_size`'s bound).
+const MAX_DP_SIZE: u32 = DP_SIZE.max as u32;
 
 /// Which socket a query arrived on; decides which ops are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +45,16 @@ pub enum HealthOp {
     Ping,
     State,
     Probe(Probe),
+    Admin(Admin),
+}
+
+/// An operator's change to the running daemon (health socket only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admin {
+    /// `resize`: the new rank count.
+    Resize(u32),
+    /// `reload`: re-read the configuration.
+    Reload,
 }
 
 /// What only the health channel serves.
@@ -88,6 +102,7 @@ struct Fields<'a> {
     bootstrap_room: Option<Value<'a>>,
     session: Option<Value<'a>>,
     ok: Option<Value<'a>>,
+    dp_size: Option<Value<'a>>,
 }
 
 /// A decode failure, with the id when it could still be read.
@@ -128,6 +143,7 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
             "bootstrap_room" => &mut f.bootstrap_room,
             "session" => &mut f.session,
             "ok" => &mut f.ok,
+            "dp_size" => &mut f.dp_size,
             _ => continue, // unknown keys are ignored
         };
         *slot = (value != Value::Nil).then_some(value);
@@ -215,6 +231,15 @@ fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<HealthOp, WireError> {
     Ok(HealthOp::Probe(Probe::Report { rank, ok }))
 }
 
+fn decode_resize(f: &Fields<'_>) -> Result<u32, WireError> {
+    let max = u64::from(MAX_DP_SIZE);
+    match f.dp_size.map(|v| uint("dp_size", v)).transpose()? {
+        Some(n) if (1..=max).contains(&n) => Ok(n as u32),
+        Some(n) => Err(bad(format!("`dp_size` must be between 1 and {max}, got {n}"))),
+        None => Err(bad("`resize` needs `dp_size`")),
+    }
+}
+
 fn wrong_socket(name: &str, on: Channel, served_on: Channel) -> WireError {
     WireError::new(
         ErrorCode::UnknownOp,
@@ -225,7 +250,7 @@ fn wrong_socket(name: &str, on: Channel, served_on: Channel) -> WireError {
 fn unknown_op(name: &str, ch: Channel) -> WireError {
     let served = match ch {
         Channel::Route => "route, ping, state",
-        Channel::Health => "health_route, health_report, ping, state",
+        Channel::Health => "health_route, health_report, resize, reload, ping, state",
     };
     WireError::new(ErrorCode::UnknownOp, format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()))
 }
@@ -235,7 +260,9 @@ fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp
         "ping" => Ok(RouteOp::Ping),
         "state" => Ok(RouteOp::State),
         "route" => decode_route(f, lim).map(RouteOp::Route),
-        "health_route" | "health_report" => Err(wrong_socket(name, Channel::Route, Channel::Health)),
+        "health_route" | "health_report" | "resize" | "reload" => {
+            Err(wrong_socket(name, Channel::Route, Channel::Health))
+        }
         _ => Err(unknown_op(name, Channel::Route)),
     }
 }
@@ -246,6 +273,8 @@ fn health_op(name: &str, f: &Fields<'_>, lim: &QueryLimits) -> Result<HealthOp, 
         "state" => Ok(HealthOp::State),
         "health_route" => decode_target(f, lim.dp_size).map(|t| HealthOp::Probe(Probe::Route(t))),
         "health_report" => decode_report(f, lim.dp_size),
+        "resize" => decode_resize(f).map(|n| HealthOp::Admin(Admin::Resize(n))),
+        "reload" => Ok(HealthOp::Admin(Admin::Reload)),
         "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }
@@ -297,125 +326,5 @@ fn decode_query<'a, O>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    const LIM: QueryLimits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
-
-    /// Encodes a map from (key, value) pairs of any serializable values.
-    fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
-        let map = rmpv::Value::Map(pairs.iter().map(|(k, v)| ((*k).into(), v.clone())).collect());
-        let mut out = Vec::new();
-        rmpv::encode::write_value(&mut out, &map).unwrap();
-        out
-    }
-
-    fn code(bytes: &[u8], ch: Channel) -> ErrorCode {
-        let rejected = match ch {
-            Channel::Route => decode_route_query(bytes, &LIM).map(|_| ()),
-            Channel::Health => decode_health_query(bytes, &LIM).map(|_| ()),
-        };
-        rejected.unwrap_err().error.code
-    }
-
-    #[test]
-    fn route_with_all_fields() {
-        let b = q(&[
-            ("v", 1.into()),
-            ("op", "route".into()),
-            ("id", "req-7".into()),
-            ("n", 3.into()),
-            ("prompt_tokens", 512.into()),
-            ("session", "s1".into()),
-            ("extra", rmpv::Value::Array(vec![1.into(), 2.into()])),
-        ]);
-        let got = decode_route_query(&b, &LIM).unwrap();
-        assert_eq!(got.id, Some(Id::Str("req-7")));
-        assert_eq!(
-            got.op,
-            RouteOp::Route(RouteRequest {
-                n: 3,
-                prompt_tokens: Some(512),
-                target: Target::Policy,
-                session: Some("s1")
-            })
-        );
-    }
-
-    #[test]
-    fn nil_counts_as_absent_and_rank_wins_over_room() {
-        let b = q(&[
-            ("v", 1.into()),
-            ("op", "route".into()),
-            ("n", rmpv::Value::Nil),
-            ("rank", 5.into()),
-            ("bootstrap_room", 3.into()),
-        ]);
-        let RouteOp::Route(r) = decode_route_query(&b, &LIM).unwrap().op else { panic!() };
-        assert_eq!((r.n, r.target), (1, Target::Pinned(5)));
-        assert_eq!(Target::Room(19).fixed_rank(8), Some(3));
-    }
-
-    #[test]
-    fn every_error_code_from_decoding() {
-        let base = |extra: &[(&str, rmpv::Value)]| {
-            let mut v = vec![("v", rmpv::Value::from(1)), ("op", "route".into())];
-            v.extend_from_slice(extra);
-            q(&v)
-        };
-        assert_eq!(code(b"\xc1", Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&rmp_serde::to_vec(&[1, 2]).unwrap(), Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&q(&[("op", "route".into())]), Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&q(&[("v", 2.into()), ("op", "route".into())]), Channel::Route), ErrorCode::UnsupportedVersion);
-        assert_eq!(code(&q(&[("v", 1.into()), ("op", "fly".into())]), Channel::Route), ErrorCode::UnknownOp);
-        assert_eq!(code(&q(&[("v", 1.into()), ("op", "route".into())]), Channel::Health), ErrorCode::UnknownOp);
-        assert_eq!(code(&q(&[("v", 1.into()), ("op", "health_route".into())]), Channel::Route), ErrorCode::UnknownOp);
-        assert_eq!(code(&base(&[("n", 0.into())]), Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&base(&[("n", "2".into())]), Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&base(&[("n", 1025.into())]), Channel::Route), ErrorCode::TooLarge);
-        assert_eq!(code(&base(&[("rank", 8.into())]), Channel::Route), ErrorCode::InvalidRank);
-        assert_eq!(code(&base(&[("rank", (-1).into())]), Channel::Route), ErrorCode::InvalidRank);
-        assert_eq!(code(&base(&[("session", 3.into())]), Channel::Route), ErrorCode::BadRequest);
-        assert_eq!(code(&base(&[("bootstrap_room", (-3).into())]), Channel::Route), ErrorCode::BadRequest);
-        let big = base(&[("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
-        assert_eq!(code(&big, Channel::Route), ErrorCode::TooLarge);
-    }
-
-    #[test]
-    fn id_is_echoed_even_when_rejected() {
-        let b = q(&[("v", 9.into()), ("op", "route".into()), ("id", 42.into())]);
-        let rej = decode_route_query(&b, &LIM).unwrap_err();
-        assert_eq!(rej.id, Some(Id::Int(42)));
-        assert!(rej.error.message.contains("version 9"), "{}", rej.error.message);
-        let big = q(&[("id", "big".into()), ("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
-        let rej = decode_route_query(&big, &LIM).unwrap_err();
-        assert_eq!((rej.id, rej.error.code), (Some(Id::Str("big")), ErrorCode::TooLarge));
-    }
-
-    #[test]
-    fn health_report_needs_rank_and_bool() {
-        let h = |extra: &[(&str, rmpv::Value)]| {
-            let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];
-            v.extend_from_slice(extra);
-            let bytes = q(&v);
-            decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
-        };
-        assert_eq!(
-            h(&[("rank", 2.into()), ("ok", false.into())]),
-            Ok(HealthOp::Probe(Probe::Report { rank: 2, ok: false }))
-        );
-        assert_eq!(h(&[("ok", false.into())]), Err(ErrorCode::BadRequest));
-        assert_eq!(h(&[("rank", 2.into()), ("ok", 1.into())]), Err(ErrorCode::BadRequest));
-        assert_eq!(h(&[("rank", 9.into()), ("ok", true.into())]), Err(ErrorCode::InvalidRank));
-    }
-
-    #[test]
-    fn trailing_bytes_are_rejected() {
-        let mut m = BTreeMap::new();
-        m.insert("v", 1);
-        let mut b = rmp_serde::to_vec_named(&m).unwrap();
-        b.push(0xc0);
-        assert_eq!(code(&b, Channel::Route), ErrorCode::BadRequest);
-    }
-}
+#[path = "query_tests.rs"]
+mod tests;

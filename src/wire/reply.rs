@@ -29,6 +29,16 @@ struct HealthRank<'a> {
 }
 
 #[derive(Serialize)]
+struct Resized<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    dp_size: u32,
+    epoch: u64,
+}
+
+#[derive(Serialize)]
 struct Ok<'a> {
     v: u8,
     ok: bool,
@@ -106,6 +116,11 @@ pub fn encode_health_rank(out: &mut Vec<u8>, id: Option<Id<'_>>, rank: u32, epoc
     write(out, &HealthRank { v: V, ok: true, id, rank, epoch });
 }
 
+/// `{"v":1,"ok":true,"id":..,"dp_size":N,"epoch":E}` (resize, reload).
+pub fn encode_admin(out: &mut Vec<u8>, id: Option<Id<'_>>, dp_size: u32, epoch: u64) {
+    write(out, &Resized { v: V, ok: true, id, dp_size, epoch });
+}
+
 /// `{"v":1,"ok":true,"id":..}`, with `epoch` when given (ping).
 pub fn encode_ok(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: Option<u64>) {
     write(out, &Ok { v: V, ok: true, id, epoch });
@@ -140,6 +155,8 @@ mod tests {
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"rank":3,"epoch":2}));
         encode_ok(&mut out, Some(Id::Int(-4)), Some(1));
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":-4,"epoch":1}));
+        encode_admin(&mut out, Some(Id::Int(9)), 12, 4);
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":9,"dp_size":12,"epoch":4}));
         encode_ok(&mut out, None, None);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true}));
         encode_error(&mut out, Some(Id::UInt(u64::MAX)), &WireError::new(ErrorCode::TooLarge, "big"));

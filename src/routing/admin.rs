@@ -1,0 +1,113 @@
+//! Operations without restarts: the admin ops of the health socket
+//! (`resize`, `reload`), `SIGHUP`, and the allowlists the ZAP handler asks
+//! about. A reload re-reads the configuration through an injected
+//! [`ConfigSource`] (the coordinator itself does no I/O) and applies what
+//! routing reads; what binds a socket cannot change without a restart, and
+//! a reload that would change it is refused naming the key.
+
+use std::time::Instant;
+
+use super::Coordinator;
+use crate::config::{Config, ConfigError, Server};
+use crate::io::access::Allowlist;
+use crate::observability::metrics::ReloadResult;
+use crate::wire::{Admin, ErrorCode, WireError};
+
+/// Reads the configuration as at start: the file again, with the same
+/// flags folded in (so flags still win).
+pub type ConfigSource = Box<dyn FnMut() -> Result<Config, ConfigError> + Send>;
+
+/// The socket settings in force and where a reload reads.
+pub(super) struct Reloadable {
+    server: Server,
+    source: ConfigSource,
+}
+
+/// The first key of `server` that differs in a way only a restart can apply
+/// (anything but the allowlists).
+fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
+    let same_binds = Server {
+        route_allow: old.route_allow.clone(),
+        health_allow: old.health_allow.clone(),
+        stats_allow: old.stats_allow.clone(),
+        ..new.clone()
+    };
+    if same_binds == *old {
+        return None;
+    }
+    let named = [
+        ("server.route_bind", old.route_bind != new.route_bind),
+        ("server.health_bind", old.health_bind != new.health_bind),
+        ("server.stats_bind", old.stats_bind != new.stats_bind),
+        ("server.stats_connect", old.stats_connect != new.stats_connect),
+        ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
+        ("server.log_format", old.log_format != new.log_format),
+        ("server.ipc_mode", old.ipc_mode != new.ipc_mode),
+    ];
+    Some(named.into_iter().find(|(_, changed)| *changed).map_or("server", |(key, _)| key))
+}
+
+impl Coordinator {
+    /// Lets `reload` (the op and `SIGHUP`) re-read the configuration from
+    /// `source`; `server` is what the sockets were opened with.
+    pub fn with_config_source(mut self, server: Server, source: ConfigSource) -> Self {
+        self.config = Some(Reloadable { server, source });
+        self
+    }
+
+    /// The peer allowlist of a ZAP domain (`route`, `health`, `stats`) in
+    /// force; `None` admits every peer.
+    pub fn allowlist(&self, domain: &str) -> Option<&Allowlist> {
+        let server = &self.config.as_ref()?.server;
+        match domain {
+            "route" => Some(&server.route_allow),
+            "health" => Some(&server.health_allow),
+            "stats" => Some(&server.stats_allow),
+            _ => None,
+        }
+    }
+
+    pub(super) fn admin(&mut self, op: Admin, now: Instant) -> Result<(), WireError> {
+        match op {
+            Admin::Resize(dp_size) => {
+                self.resize(dp_size);
+                Ok(())
+            }
+            Admin::Reload => self.reload_config(now),
+        }
+    }
+
+    /// Re-reads the configuration and applies it, or changes nothing and
+    /// says why (counted in `dpcoord_config_reloads_total{result}`).
+    pub fn reload_config(&mut self, now: Instant) -> Result<(), WireError> {
+        let outcome = self.try_reload(now);
+        let result = match &outcome {
+            Ok(()) => ReloadResult::Ok,
+            Err((result, _)) => *result,
+        };
+        self.metrics.reload(result);
+        match outcome {
+            Ok(()) => {
+                tracing::info!(dp_size = self.engines.dp_size(), policy = self.user.policy().as_str(), "reloaded");
+                Ok(())
+            }
+            Err((_, why)) => {
+                tracing::warn!(reason = %why, "reload refused; nothing changed");
+                Err(WireError::new(ErrorCode::InvalidConfig, format!("{why}; nothing changed")))
+            }
+        }
+    }
+
+    fn try_reload(&mut self, now: Instant) -> Result<(), (ReloadResult, String)> {
+        let Some(reloadable) = self.config.as_mut() else {
+            return Err((ReloadResult::Invalid, "this dpcoord was started without a configuration to re-read".into()));
+        };
+        let cfg = (reloadable.source)().map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
+        if let Some(key) = restart_key(&reloadable.server, &cfg.server) {
+            return Err((ReloadResult::RestartRequired, format!("{key}: cannot change without a restart")));
+        }
+        reloadable.server = cfg.server;
+        self.reload(cfg.settings, now);
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! Unit tests of `query.rs`.
+
+use super::*;
+use std::collections::BTreeMap;
+
+const LIM: QueryLimits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
+
+/// Encodes a map from (key, value) pairs of any serializable values.
+fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
+    let map = rmpv::Value::Map(pairs.iter().map(|(k, v)| ((*k).into(), v.clone())).collect());
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &map).unwrap();
+    out
+}
+
+fn code(bytes: &[u8], ch: Channel) -> ErrorCode {
+    let rejected = match ch {
+        Channel::Route => decode_route_query(bytes, &LIM).map(|_| ()),
+        Channel::Health => decode_health_query(bytes, &LIM).map(|_| ()),
+    };
+    rejected.unwrap_err().error.code
+}
+
+#[test]
+fn route_with_all_fields() {
+    let b = q(&[
+        ("v", 1.into()),
+        ("op", "route".into()),
+        ("id", "req-7".into()),
+        ("n", 3.into()),
+        ("prompt_tokens", 512.into()),
+        ("session", "s1".into()),
+        ("extra", rmpv::Value::Array(vec![1.into(), 2.into()])),
+    ]);
+    let got = decode_route_query(&b, &LIM).unwrap();
+    assert_eq!(got.id, Some(Id::Str("req-7")));
+    assert_eq!(
+        got.op,
+        RouteOp::Route(RouteRequest { n: 3, prompt_tokens: Some(512), target: Target::Policy, session: Some("s1") })
+    );
+}
+
+#[test]
+fn nil_counts_as_absent_and_rank_wins_over_room() {
+    let b = q(&[
+        ("v", 1.into()),
+        ("op", "route".into()),
+        ("n", rmpv::Value::Nil),
+        ("rank", 5.into()),
+        ("bootstrap_room", 3.into()),
+    ]);
+    let RouteOp::Route(r) = decode_route_query(&b, &LIM).unwrap().op else { panic!() };
+    assert_eq!((r.n, r.target), (1, Target::Pinned(5)));
+    assert_eq!(Target::Room(19).fixed_rank(8), Some(3));
+}
+
+#[test]
+fn every_error_code_from_decoding() {
+    let base = |extra: &[(&str, rmpv::Value)]| {
+        let mut v = vec![("v", rmpv::Value::from(1)), ("op", "route".into())];
+        v.extend_from_slice(extra);
+        q(&v)
+    };
+    assert_eq!(code(b"\xc1", Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&rmp_serde::to_vec(&[1, 2]).unwrap(), Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&q(&[("op", "route".into())]), Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&q(&[("v", 2.into()), ("op", "route".into())]), Channel::Route), ErrorCode::UnsupportedVersion);
+    assert_eq!(code(&q(&[("v", 1.into()), ("op", "fly".into())]), Channel::Route), ErrorCode::UnknownOp);
+    assert_eq!(code(&q(&[("v", 1.into()), ("op", "route".into())]), Channel::Health), ErrorCode::UnknownOp);
+    assert_eq!(code(&q(&[("v", 1.into()), ("op", "health_route".into())]), Channel::Route), ErrorCode::UnknownOp);
+    assert_eq!(code(&base(&[("n", 0.into())]), Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&base(&[("n", "2".into())]), Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&base(&[("n", 1025.into())]), Channel::Route), ErrorCode::TooLarge);
+    assert_eq!(code(&base(&[("rank", 8.into())]), Channel::Route), ErrorCode::InvalidRank);
+    assert_eq!(code(&base(&[("rank", (-1).into())]), Channel::Route), ErrorCode::InvalidRank);
+    assert_eq!(code(&base(&[("session", 3.into())]), Channel::Route), ErrorCode::BadRequest);
+    assert_eq!(code(&base(&[("bootstrap_room", (-3).into())]), Channel::Route), ErrorCode::BadRequest);
+    let big = base(&[("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
+    assert_eq!(code(&big, Channel::Route), ErrorCode::TooLarge);
+}
+
+#[test]
+fn id_is_echoed_even_when_rejected() {
+    let b = q(&[("v", 9.into()), ("op", "route".into()), ("id", 42.into())]);
+    let rej = decode_route_query(&b, &LIM).unwrap_err();
+    assert_eq!(rej.id, Some(Id::Int(42)));
+    assert!(rej.error.message.contains("version 9"), "{}", rej.error.message);
+    let big = q(&[("id", "big".into()), ("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
+    let rej = decode_route_query(&big, &LIM).unwrap_err();
+    assert_eq!((rej.id, rej.error.code), (Some(Id::Str("big")), ErrorCode::TooLarge));
+}
+
+#[test]
+fn health_report_needs_rank_and_bool() {
+    let h = |extra: &[(&str, rmpv::Value)]| {
+        let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];
+        v.extend_from_slice(extra);
+        let bytes = q(&v);
+        decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
+    };
+    assert_eq!(
+        h(&[("rank", 2.into()), ("ok", false.into())]),
+        Ok(HealthOp::Probe(Probe::Report { rank: 2, ok: false }))
+    );
+    assert_eq!(h(&[("ok", false.into())]), Err(ErrorCode::BadRequest));
+    assert_eq!(h(&[("rank", 2.into()), ("ok", 1.into())]), Err(ErrorCode::BadRequest));
+    assert_eq!(h(&[("rank", 9.into()), ("ok", true.into())]), Err(ErrorCode::InvalidRank));
+}
+
+#[test]
+fn trailing_bytes_are_rejected() {
+    let mut m = BTreeMap::new();
+    m.insert("v", 1);
+    let mut b = rmp_serde::to_vec_named(&m).unwrap();
+    b.push(0xc0);
+    assert_eq!(code(&b, Channel::Route), ErrorCode::BadRequest);
+}
+
+#[test]
+fn admin_ops_on_the_health_socket_only() {
+    let h = |pairs: &[(&str, rmpv::Value)]| {
+        let bytes = q(pairs);
+        decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
+    };
+    let resize = |n: rmpv::Value| h(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", n)]);
+    assert_eq!(resize(12.into()), Ok(HealthOp::Admin(Admin::Resize(12))));
+    assert_eq!(resize(65536.into()), Ok(HealthOp::Admin(Admin::Resize(65536))));
+    assert_eq!(resize(0.into()), Err(ErrorCode::BadRequest));
+    assert_eq!(resize(65537.into()), Err(ErrorCode::BadRequest));
+    assert_eq!(resize("8".into()), Err(ErrorCode::BadRequest));
+    assert_eq!(h(&[("v", 1.into()), ("op", "resize".into())]), Err(ErrorCode::BadRequest));
+    assert_eq!(h(&[("v", 1.into()), ("op", "reload".into())]), Ok(HealthOp::Admin(Admin::Reload)));
+    assert_eq!(
+        code(&q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 4.into())]), Channel::Route),
+        ErrorCode::UnknownOp
+    );
+    assert_eq!(code(&q(&[("v", 1.into()), ("op", "reload".into())]), Channel::Route), ErrorCode::UnknownOp);
+}
