@@ -14,7 +14,7 @@
 use std::fmt::Display;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::published::Published;
 use super::user::UserDispatcher;
@@ -26,7 +26,7 @@ use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{self, Channel, HealthOp, Id, QueryLimits, RouteOp, RouteRequest, SourceKind, WireError};
 
 pub struct Coordinator {
-    settings: Settings,
+    tick_every: Duration,
     /// Where `reload` reads the configuration, and the socket settings in
     /// force (allowlists change on reload; the rest needs a restart).
     config: Option<admin::Reloadable>,
@@ -64,7 +64,7 @@ fn reject_result(r: &Reject) -> StatsResult {
 impl Coordinator {
     pub fn new(settings: &Settings, metrics: Metrics, now: Instant) -> Self {
         let c = Coordinator {
-            settings: settings.clone(),
+            tick_every: settings.routing.tick,
             config: None,
             limits: limits(settings),
             next_tick: now + settings.routing.tick,
@@ -93,11 +93,6 @@ impl Coordinator {
         &self.metrics
     }
 
-    /// The settings in force.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// New settings, in force from the next query on: the rank count (every
     /// per-rank structure grows or shrinks; see [`Coordinator::resize`]),
     /// liveness, penalties, policy, weights, sessions, TTLs and limits.
@@ -108,8 +103,8 @@ impl Coordinator {
         self.user.reload(&settings, now);
         self.limits = limits(&settings);
         self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
-        self.next_tick = self.next_tick.min(now + settings.routing.tick);
-        self.settings = settings;
+        self.tick_every = settings.routing.tick;
+        self.next_tick = self.next_tick.min(now + self.tick_every);
     }
 
     /// Grows or shrinks every per-rank structure to `dp_size` ranks, at
@@ -127,7 +122,6 @@ impl Coordinator {
         self.health.resize(dp_size);
         self.metrics.resize(dp_size);
         self.limits.dp_size = dp_size;
-        self.settings.engines.dp_size = dp_size;
     }
 
     /// One message from an engine source: every frame, or `None` when it
@@ -279,7 +273,7 @@ impl Coordinator {
         self.user.tick(now, &self.engines);
         super::export::export(&self.engines, &self.user, &self.metrics, now);
         self.published.set(self.state_view(now));
-        self.next_tick = now + self.settings.routing.tick;
+        self.next_tick = now + self.tick_every;
         self.metrics.tick_duration.observe(started.elapsed().as_secs_f64());
     }
 
