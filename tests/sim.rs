@@ -122,6 +122,45 @@ fn every_scenario_runs_every_policy_and_loses_nothing() {
     }
     let matrix = std::fs::read_to_string(out.path().join("health-matrix.txt")).unwrap();
     assert_eq!(row(&matrix, "health-off", "round_robin")[2..4], ["24", "0"]);
+    let elastic = std::fs::read_to_string(out.path().join("elastic.txt")).unwrap();
+    assert!(elastic.contains("zero requests lost in every arm\n"), "{elastic}");
+    assert!(out.path().join("elastic.svg").is_file());
+}
+
+#[test]
+fn elastic_grows_and_shrinks_the_table_without_losing_a_request_or_placing_on_removed_ranks() {
+    let out = tempfile::tempdir().unwrap();
+    let r = sim(out.path(), &["elastic"]);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    for heading in [
+        "phase 1: 8 ranks (0-7) from the start",
+        "phase 2: 12 ranks (0-11); at 33.1 s ranks 8-11 start and the operator sends resize 12: \
+         they take placements once they publish",
+        "phase 3: 6 ranks (0-5); at 54.6 s the operator sends resize 6: ranks 6-11 take no placement \
+         from its reply on, finish what they hold and stop",
+        "zero requests lost in every arm",
+        "no placement on a removed rank after its resize reply, in any arm",
+    ] {
+        assert!(r.stdout.lines().any(|l| l == heading), "missing {heading:?} in:\n{}", r.stdout);
+    }
+    // phase, policy, epoch, from s, to s, completed, input tok/s, ttft p50, ttft p99, std, removed,
+    // drained s, placements per rank. Epochs: 8 ranks came up (8); the resize to 12 moved it once
+    // (9); ranks 8-11 came up (13); the resize to 6 moved it once (14).
+    for p in PolicyKind::ALL {
+        let mut completed = 0;
+        let phases = [("8-ranks", "8", 8, "-"), ("12-ranks", "9", 12, "-"), ("6-ranks", "14", 6, "0")];
+        for (phase, epoch, ranks, removed) in phases {
+            let cells = row(&r.stdout, phase, p.as_str());
+            assert_eq!((cells[2], cells[10]), (epoch, removed), "{phase} {}: epoch, removed", p.as_str());
+            assert_eq!(cells.len() - 12, ranks, "{phase} {}: one placement count per rank", p.as_str());
+            completed += cells[5].parse::<u64>().unwrap();
+        }
+        assert_eq!(completed, 160, "{}: every prompt completed in some phase", p.as_str());
+    }
+    let svg = std::fs::read_to_string(out.path().join("elastic.svg")).unwrap();
+    let arms = PolicyKind::ALL.len();
+    assert_eq!(svg.matches("<polyline").count(), arms * 2 * 12, "arms x 2 panels x 12 ranks");
+    assert_eq!(svg.matches("stroke-dasharray").count(), arms * 2 * 2, "both resizes marked in every panel");
 }
 
 #[test]

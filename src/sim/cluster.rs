@@ -80,6 +80,11 @@ impl Cluster {
         &self.groups[g].ranks
     }
 
+    /// Prompt tokens prefilled so far over every rank.
+    pub fn prefilled(&self) -> u64 {
+        self.engines.iter().map(SimEngine::prefilled).sum()
+    }
+
     /// Rank `rank` dies: the jobs it held, which have failed.
     pub fn kill(&mut self, rank: u32) -> Vec<Job> {
         self.engines[rank as usize].kill()

@@ -45,6 +45,7 @@ fn workload() -> ArmSpec {
         lockstep: false,
         slow: None,
         kill: None,
+        resizes: Vec::new(),
         frontends: FRONTENDS,
         load: Load::Closed { concurrency: 32 },
         prompts: None,

@@ -1,7 +1,9 @@
 //! The connections one simulated cluster holds to dpcoord: a REQ socket per
 //! frontend replica, the prober's socket (on the health socket, or on the
 //! route socket for a frontend that mixes health and user traffic), an
-//! observer on the health socket for `state`, and a stats PUB per engine.
+//! observer on the health socket for `state` and `resize`, and a stats PUB
+//! per engine. Only the engines inside dpcoord's table publish: one started
+//! before the operator's `resize` takes it in would have its updates dropped.
 //!
 //! **Sync mode** (for reproducible runs): before each user placement the
 //! link polls `state` until dpcoord shows the counts the engines last
@@ -35,6 +37,8 @@ pub struct Link {
     via: ProbeVia,
     observer: Rpc,
     pubs: Vec<StatsPub>,
+    /// Ranks in dpcoord's table (0..ranks); engines above publish nothing.
+    ranks: u32,
     dead: Vec<bool>,
     sync: bool,
     /// Whether updates carry `ttft_ms` (which feeds dpcoord's penalty).
@@ -48,7 +52,8 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn open(eps: &Endpoints, frontends: u32, via: ProbeVia, ranks: u32, sync: bool) -> Result<Link, NetError> {
+    /// A link for `engines` simulated engines (some may join dpcoord's table later).
+    pub fn open(eps: &Endpoints, frontends: u32, via: ProbeVia, engines: u32, sync: bool) -> Result<Link, NetError> {
         let ctx = zmq::Context::new();
         let boot =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64);
@@ -61,8 +66,9 @@ impl Link {
             prober: Rpc::connect(&ctx, prober_ep)?,
             via,
             observer: Rpc::connect(&ctx, &eps.health)?,
-            pubs: (0..ranks).map(|r| StatsPub::connect(&ctx, &eps.stats, r, boot)).collect::<Result<_, _>>()?,
-            dead: vec![false; ranks as usize],
+            pubs: (0..engines).map(|r| StatsPub::connect(&ctx, &eps.stats, r, boot)).collect::<Result<_, _>>()?,
+            ranks: engines,
+            dead: vec![false; engines as usize],
             sync,
             ttft: true,
             dirty: false,
@@ -80,18 +86,43 @@ impl Link {
         self
     }
 
-    /// Publishes until dpcoord shows every rank `up` (PUB drops what is sent
-    /// before the subscription is wired).
-    pub fn bring_up(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
-        let Link { observer, pubs, ttft, .. } = self;
+    /// Publishes until dpcoord shows every rank of its table, the first
+    /// `ranks` engines, `up` (PUB drops what is sent before the subscription
+    /// is wired); the table's epoch then.
+    pub fn bring_up(&mut self, engines: &[SimEngine], ranks: u32) -> Result<u64, NetError> {
+        self.ranks = ranks;
+        self.wait_up(engines)?;
+        self.observer.epoch()
+    }
+
+    fn wait_up(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
+        let Link { observer, pubs, ttft, ranks, .. } = self;
         observer.wait_all_up(BRING_UP, || {
-            for (p, e) in pubs.iter_mut().zip(engines) {
+            for (p, e) in pubs.iter_mut().zip(engines).take(*ranks as usize) {
                 p.publish(e.counts(), e.tokens(), e.ttft_ms().filter(|_| *ttft))?;
             }
             Ok(())
         })?;
         self.dirty = true;
         Ok(())
+    }
+
+    /// The operator resizes dpcoord's table to `dp_size` ranks; the reply's
+    /// `(dp_size, epoch)`. Added engines then publish until they are `up`;
+    /// removed ones publish no more.
+    pub fn resize(&mut self, dp_size: u32, engines: &[SimEngine]) -> Result<(u32, u64), NetError> {
+        let (now, epoch) = self.observer.resize(dp_size)?;
+        let grew = now > self.ranks;
+        self.ranks = now.min(self.pubs.len() as u32);
+        if grew {
+            self.wait_up(engines)?;
+        }
+        Ok((now, epoch))
+    }
+
+    /// Ranks in dpcoord's table.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
     }
 
     /// One user placement for frontend `f`.
@@ -116,10 +147,10 @@ impl Link {
         }
     }
 
-    /// Publishes rank `rank`'s stats, unless the rank is dead.
+    /// Publishes rank `rank`'s stats, unless the rank is dead or outside dpcoord's table.
     pub fn publish(&mut self, rank: u32, e: &SimEngine) -> Result<(), NetError> {
         let r = rank as usize;
-        if self.dead[r] {
+        if self.dead[r] || rank >= self.ranks {
             return Ok(());
         }
         self.dirty = true;

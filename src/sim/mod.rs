@@ -11,18 +11,21 @@
 //! - `model`: one rank's scheduler and step-time model (pure)
 //! - `cluster`: ranks stepping on their own or in lockstep
 //! - `workload`: frontends (closed or open loop), seeded lengths
-//! - `net`, `link`: the ZeroMQ peers
+//! - `net`, `link`: the ZeroMQ peers (stats, routes, probes, `resize`)
 //! - `world`: the discrete-event loop
-//! - `record`, `report`, `svg`: results, text, chart
+//! - `record`, `phase`, `report`, `svg`: results, phases between resizes, text, chart
 //! - `local`: an in-process daemon on private endpoints
 //! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
+//! - `elastic`: scale-up and scale-down under load (8 -> 12 -> 6 ranks)
 
 pub mod cluster;
 pub mod demo;
+pub mod elastic;
 pub mod link;
 pub mod local;
 pub mod model;
 pub mod net;
+pub mod phase;
 pub mod record;
 pub mod report;
 pub mod scenario;
@@ -52,6 +55,8 @@ pub enum SimError {
     Http(#[from] crate::io::http::BindError),
     #[error("{0}")]
     Usage(String),
+    #[error("{scenario}: {what}")]
+    Broken { scenario: &'static str, what: String },
 }
 
 /// A scenario of `dpcoord sim`.
@@ -65,6 +70,8 @@ pub enum Scenario {
     DeadRank,
     /// Prompt lengths spread around --input-tokens, every policy.
     HeteroPrompts,
+    /// dpcoord's table resized 8 -> 12 -> 6 ranks under load, every policy; nothing lost.
+    Elastic,
     /// Each of the above in turn.
     All,
 }

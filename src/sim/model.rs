@@ -71,6 +71,8 @@ pub struct SimEngine {
     received: u64,
     finished: u64,
     failed: u64,
+    /// Prompt tokens prefilled so far, over every job.
+    prefilled: u64,
     alive: bool,
     /// Mean time to first token in ms, smoothed over recent jobs.
     ttft_ms: Option<f64>,
@@ -88,6 +90,7 @@ impl SimEngine {
             received: 0,
             finished: 0,
             failed: 0,
+            prefilled: 0,
             alive: true,
             ttft_ms: None,
         }
@@ -156,6 +159,7 @@ impl SimEngine {
             let mut first_token = false;
             if job.prefilled < job.prompt {
                 job.prefilled += job.scheduled;
+                self.prefilled += u64::from(job.scheduled);
                 if job.prefilled == job.prompt {
                     job.generated = 1;
                     first_token = true;
@@ -200,6 +204,11 @@ impl SimEngine {
 
     pub fn ttft_ms(&self) -> Option<f64> {
         self.ttft_ms
+    }
+
+    /// Prompt tokens this rank has prefilled since it started.
+    pub fn prefilled(&self) -> u64 {
+        self.prefilled
     }
 }
 
@@ -251,7 +260,7 @@ mod tests {
         assert_eq!(ends.len(), 7);
         let last = 6 * 675_360 + 20_000 + 2656 * 80;
         assert_eq!(seen, [(last, Advance { id: 7, first_token: true, finished: true })]);
-        assert_eq!(e.counts(), [0, 0, 1, 1, 0]);
+        assert_eq!((e.counts(), e.prefilled()), ([0, 0, 1, 1, 0], 60_000));
     }
 
     #[test]

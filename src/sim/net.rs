@@ -43,11 +43,13 @@ struct Query {
     rank: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ok: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dp_size: Option<u32>,
 }
 
 impl Query {
     fn op(op: &'static str) -> Query {
-        Query { v: 1, op, prompt_tokens: None, rank: None, ok: None }
+        Query { v: 1, op, prompt_tokens: None, rank: None, ok: None, dp_size: None }
     }
 }
 
@@ -63,6 +65,8 @@ struct Reply {
     #[serde(default)]
     ranks: Vec<u32>,
     rank: Option<u32>,
+    dp_size: Option<u32>,
+    epoch: Option<u64>,
     error: Option<ErrorBody>,
 }
 
@@ -75,6 +79,7 @@ pub struct RankState {
 
 #[derive(Deserialize)]
 struct StateReply {
+    epoch: u64,
     ranks: Vec<RankState>,
 }
 
@@ -140,6 +145,22 @@ impl Rpc {
     /// The engine table as dpcoord sees it (`op: state`).
     pub fn state(&self) -> Result<Vec<RankState>, NetError> {
         Ok(self.call::<StateReply>(&Query::op("state"))?.ranks)
+    }
+
+    /// The table's epoch (`op: state`).
+    pub fn epoch(&self) -> Result<u64, NetError> {
+        Ok(self.call::<StateReply>(&Query::op("state"))?.epoch)
+    }
+
+    /// Resizes dpcoord's table (`op: resize`, health socket only); its
+    /// reply's `(dp_size, epoch)`.
+    pub fn resize(&self, dp_size: u32) -> Result<(u32, u64), NetError> {
+        let r: Reply = self.call(&Query { dp_size: Some(dp_size), ..Query::op("resize") })?;
+        match (r.ok, r.dp_size, r.epoch, r.error) {
+            (true, Some(n), Some(epoch), _) => Ok((n, epoch)),
+            (_, _, _, Some(e)) => Err(NetError::Refused { op: "resize", code: e.code, message: e.message }),
+            _ => Err(NetError::Refused { op: "resize", code: "?".into(), message: "reply without dp_size".into() }),
+        }
     }
 
     /// Polls `state` until every rank is `up`.

@@ -1,9 +1,11 @@
 //! What a run did: every request's timeline, placements and probes per rank,
-//! periodic samples for the chart, and the numbers a report shows.
+//! dpcoord's table at the start and at each resize, periodic samples for the
+//! chart, and the numbers a report shows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::model::Micros;
+use super::phase::{self, Phase};
 
 /// One user request from its first send to its last token.
 #[derive(Debug, Clone)]
@@ -26,6 +28,19 @@ pub struct Sample {
     pub placements: Vec<u64>,
     /// Running batch size.
     pub running: Vec<u64>,
+}
+
+/// dpcoord's rank table from `at` on: the first is the table a run starts
+/// with, each later one an operator's resize (with its reply's epoch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableStart {
+    pub at: Micros,
+    pub dp_size: u32,
+    pub epoch: u64,
+    /// User placements per rank so far.
+    pub placements: Vec<u64>,
+    /// Prompt tokens prefilled so far over every rank.
+    pub prefilled: u64,
 }
 
 /// Counters a live view (the demo) reads while the run goes on.
@@ -53,6 +68,11 @@ pub struct Recorder {
     /// Placements dpcoord refused (the request was retried).
     pub refusals: u64,
     pub samples: Vec<Sample>,
+    pub tables: Vec<TableStart>,
+    /// `(rank, at)`: a removed rank had drained and stopped.
+    pub stopped: Vec<(u32, Micros)>,
+    /// Prompt tokens prefilled over every rank by the end of the run.
+    pub prefilled: u64,
 }
 
 impl Recorder {
@@ -64,12 +84,19 @@ impl Recorder {
         self.samples.push(Sample { at, placements: self.placements.clone(), running });
     }
 
+    /// dpcoord's table is `dp_size` ranks at `epoch` from `at` on.
+    pub fn table(&mut self, at: Micros, dp_size: u32, epoch: u64, prefilled: u64) {
+        let placements = self.placements.clone();
+        self.tables.push(TableStart { at, dp_size, epoch, placements, prefilled });
+    }
+
     /// The numbers of a finished run.
     pub fn summarize(&self, name: &str, policy: &str, sync_timeouts: u64) -> ArmResult {
         let done: Vec<&Request> = self.requests.iter().filter(|r| r.done.is_some()).collect();
         let mut ttft: Vec<Micros> =
             done.iter().filter_map(|r| r.first_token.map(|t| t.saturating_sub(r.issued))).collect();
         ttft.sort_unstable();
+        let makespan = done.iter().filter_map(|r| r.done).max().unwrap_or(0);
         ArmResult {
             name: name.to_owned(),
             policy: policy.to_owned(),
@@ -77,7 +104,7 @@ impl Recorder {
             lost: (self.requests.len() - done.len()) as u64,
             retries: self.requests.iter().map(|r| u64::from(r.attempts.saturating_sub(1))).sum(),
             input_tokens: done.iter().map(|r| u64::from(r.prompt)).sum(),
-            makespan: done.iter().filter_map(|r| r.done).max().unwrap_or(0),
+            makespan,
             ttft_p50: percentile(&ttft, 50),
             ttft_p99: percentile(&ttft, 99),
             placements: self.placements.clone(),
@@ -86,6 +113,7 @@ impl Recorder {
             refusals: self.refusals,
             sync_timeouts,
             samples: self.samples.clone(),
+            phases: phase::phases(self, makespan),
         }
     }
 }
@@ -130,6 +158,8 @@ pub struct ArmResult {
     pub refusals: u64,
     pub sync_timeouts: u64,
     pub samples: Vec<Sample>,
+    /// The run cut at each resize of dpcoord's table.
+    pub phases: Vec<Phase>,
 }
 
 impl ArmResult {

@@ -17,11 +17,13 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-fn ms(us: u64) -> String {
+/// Microseconds as milliseconds with one decimal.
+pub fn ms(us: u64) -> String {
     format!("{:.1}", us as f64 / 1000.0)
 }
 
-fn join(xs: &[u64]) -> String {
+/// Numbers separated by spaces.
+pub fn join(xs: &[u64]) -> String {
     xs.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Every arm gets a fresh in-process dpcoord and a fresh simulated cluster;
 //! arms of one scenario differ only in what the scenario compares (health
-//! traffic, or the routing policy).
+//! traffic, or the routing policy). `elastic` has a module of its own.
 
 use std::fmt::Write;
 use std::sync::atomic::AtomicBool;
@@ -15,7 +15,7 @@ use super::model::{Micros, SimEngine, DEFAULT_COST};
 use super::record::ArmResult;
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Probe};
-use super::{report, svg, Scenario, SimArgs, SimError};
+use super::{elastic, report, svg, Scenario, SimArgs, SimError};
 
 /// dpcoord's `engines.down_after_ms` in the policy scenarios: wall time, so
 /// `speed` times as long in virtual time.
@@ -26,10 +26,12 @@ pub struct Outcome {
     pub name: &'static str,
     pub text: String,
     pub svg: String,
+    /// What the scenario promises and this run broke (the run then fails).
+    pub broken: Option<String>,
 }
 
 /// Virtual time the workload needs at full prefill budget on every rank.
-fn nominal_us(a: &SimArgs) -> Micros {
+pub(super) fn nominal_us(a: &SimArgs) -> Micros {
     let tokens = a.prompts * u64::from(a.input_tokens + a.output_tokens);
     let per_step = u64::from(a.ranks) * u64::from(a.chunk);
     let step = SimEngine::new(a.chunk, 1, DEFAULT_COST, 100).step_us(a.chunk);
@@ -39,7 +41,7 @@ fn nominal_us(a: &SimArgs) -> Micros {
 }
 
 /// The arm every scenario starts from; `lockstep` is the scenario's default.
-fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
+pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
     let nominal = nominal_us(a);
     ArmSpec {
         name: name.to_owned(),
@@ -48,6 +50,7 @@ fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         lockstep: a.lockstep.unwrap_or(lockstep),
         slow: None,
         kill: None,
+        resizes: Vec::new(),
         frontends: a.frontends,
         load: a.rate.map_or(Load::Closed { concurrency: a.concurrency }, |rate| Load::Open { rate }),
         prompts: Some(a.prompts),
@@ -61,7 +64,7 @@ fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
     }
 }
 
-fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
+pub(super) fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
     let load = match a.rate {
         Some(r) => format!("open loop at {r} requests/s"),
         None => format!("closed loop at concurrency {}", a.concurrency),
@@ -83,11 +86,11 @@ fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
 }
 
 /// Runs one arm on a fresh daemon.
-fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmResult, SimError> {
+pub(super) fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmResult, SimError> {
     let started = Instant::now();
     let local = Local::start(settings, "sim")?;
     let via = spec.probe.map_or(ProbeVia::Health, |p| p.via);
-    let mut link = Link::open(&local.eps, spec.frontends, via, spec.ranks, spec.sync)?.with_ttft(ttft);
+    let mut link = Link::open(&local.eps, spec.frontends, via, spec.engines(), spec.sync)?.with_ttft(ttft);
     let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
     let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
     drop(link);
@@ -96,7 +99,7 @@ fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmR
     Ok(result)
 }
 
-fn probe(a: &SimArgs, via: ProbeVia) -> Option<Probe> {
+pub(super) fn probe(a: &SimArgs, via: ProbeVia) -> Option<Probe> {
     Some(Probe { every: a.probe_every_ms.max(1) * 1000, via })
 }
 
@@ -118,14 +121,22 @@ fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
     text.push_str(&report::versus(&results[1], &results[0]));
     text.push_str(&report::versus(&results[2], &results[0]));
     text.push_str(&report::caveats(&results));
-    Ok(Outcome { name: "health-matrix", svg: svg::chart(title, &results), text })
+    Ok(Outcome { name: "health-matrix", svg: svg::chart(title, &results), text, broken: None })
+}
+
+/// The policies to compare: `--policy`, or every one this build accepts.
+pub(super) fn policies(a: &SimArgs) -> Vec<String> {
+    if a.policies.is_empty() {
+        accepted_policies()
+    } else {
+        a.policies.clone()
+    }
 }
 
 /// Runs `spec` under every policy and compares them.
 fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Result<Outcome, SimError> {
-    let policies = if a.policies.is_empty() { accepted_policies() } else { a.policies.clone() };
     let mut results = Vec::new();
-    for policy in &policies {
+    for policy in &policies(a) {
         let settings = DaemonSettings {
             stale_after_ms: 200,
             down_after_ms: DOWN_AFTER_MS,
@@ -150,7 +161,7 @@ fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Resul
         report::best(&results, |r| -(r.ttft_p99 as f64))
     );
     text.push_str(&report::caveats(&results));
-    Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text })
+    Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text, broken: None })
 }
 
 fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
@@ -182,11 +193,13 @@ fn hetero_prompts(a: &SimArgs) -> Result<Outcome, SimError> {
     compare(a, "hetero-prompts", &format!("prompt lengths uniform in {lo}..={hi} tokens"), spec)
 }
 
-/// Runs scenario `s` (`all` runs each in turn), handing each outcome to `emit`.
+/// Runs scenario `s` (`all` runs each in turn), handing each outcome to
+/// `emit`; fails after emitting an outcome that broke its promise.
 pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(), SimError>) -> Result<(), SimError> {
     let outcome = match s {
         Scenario::All => {
-            for one in [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts] {
+            let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
+            for one in each.into_iter().chain([Scenario::Elastic]) {
                 run(one, a, emit)?;
             }
             return Ok(());
@@ -195,6 +208,9 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::SlowRank => slow_rank(a)?,
         Scenario::DeadRank => dead_rank(a)?,
         Scenario::HeteroPrompts => hetero_prompts(a)?,
+        Scenario::Elastic => elastic::elastic(a)?,
     };
-    emit(outcome)
+    let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
+    emit(outcome)?;
+    broken.map_or(Ok(()), Err)
 }

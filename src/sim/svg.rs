@@ -1,12 +1,17 @@
 //! A small hand-written SVG chart: one row per arm, two panels per row
 //! (user placements per rank so far, running batch per rank), one colour per
-//! rank, so skew is seen rather than read.
+//! rank, so skew is seen rather than read; a dashed line marks each resize
+//! of dpcoord's table.
 
 use std::fmt::Write;
 
+use super::model::Micros;
 use super::record::{ArmResult, Sample};
 
-const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const PALETTE: [&str; 12] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+    "#393b79", "#ad494a",
+];
 const WIDTH: f64 = 960.0;
 const ROW: f64 = 210.0;
 const TOP: f64 = 56.0;
@@ -27,6 +32,8 @@ struct Panel<'a> {
     t_max: f64,
     v_max: f64,
     samples: &'a [Sample],
+    /// `(at, label)`: the table's resizes.
+    marks: Vec<(Micros, String)>,
 }
 
 impl Panel<'_> {
@@ -46,6 +53,16 @@ impl Panel<'_> {
             y + PANEL_H + 14.0,
             self.t_max,
         );
+        for (at, label) in &self.marks {
+            let px = x + *at as f64 / 1e6 / self.t_max.max(1e-9) * PANEL_W;
+            let _ = write!(
+                out,
+                r##"<line x1="{px:.1}" y1="{y}" x2="{px:.1}" y2="{}" stroke="#444" stroke-dasharray="4 3"/><text x="{px:.1}" y="{}" font-size="10" fill="#444" text-anchor="middle">{}</text>"##,
+                y + PANEL_H + 4.0,
+                y + PANEL_H + 14.0,
+                esc(label)
+            );
+        }
         let ranks = self.samples.first().map_or(0, |s| s.running.len());
         for rank in 0..ranks {
             let points: Vec<String> = self
@@ -99,6 +116,7 @@ pub fn chart(title: &str, arms: &[ArmResult]) -> String {
             t_max,
             v_max: p_max,
             samples: &arm.samples,
+            marks: arm.phases.iter().skip(1).map(|p| (p.from, format!("resize {}", p.dp_size))).collect(),
         };
         panel.draw(&mut out, |s, r| s.placements[r]);
         panel.x = LEFT[1];

@@ -1,6 +1,7 @@
 //! The discrete-event loop of one simulated run.
 //!
-//! Events (step ends, arrivals, retries, probes, a rank's death, samples)
+//! Events (step ends, arrivals, retries, probes, a rank's death, the
+//! operator's resizes of dpcoord's table, samples)
 //! are taken in virtual-time order from one queue on one thread, so the
 //! order of every query sent to dpcoord follows from the model alone: with
 //! `round_robin`, a run is exactly reproducible. Pacing maps virtual time to
@@ -41,6 +42,10 @@ pub struct ArmSpec {
     pub slow: Option<(u32, u32)>,
     /// `(rank, at)`: the rank dies at virtual time `at`.
     pub kill: Option<(u32, Micros)>,
+    /// `(at, dp_size)`: the operator resizes dpcoord's table at `at`. Engines
+    /// beyond `ranks` start before the first resize that takes them in;
+    /// removed ones finish what they hold, then stop.
+    pub resizes: Vec<(Micros, u32)>,
     pub frontends: u32,
     pub load: Load,
     /// Prompts over all frontends; `None` runs until stopped.
@@ -56,6 +61,13 @@ pub struct ArmSpec {
     pub horizon: Micros,
 }
 
+impl ArmSpec {
+    /// Engines simulated: dpcoord's table at its largest.
+    pub fn engines(&self) -> u32 {
+        self.resizes.iter().map(|&(_, n)| n).fold(self.ranks, u32::max)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     StepEnd(usize),
@@ -63,6 +75,7 @@ enum Event {
     Retry(u64),
     Probe,
     Kill(u32),
+    Resize(u32),
     Sample,
 }
 
@@ -77,11 +90,15 @@ struct World<'a> {
     seq: u64,
     now: Micros,
     moved: Vec<Advance>,
+    /// Resizes still to come.
+    resizes_left: usize,
+    /// Removed ranks still finishing what they hold.
+    draining: Vec<u32>,
 }
 
 /// Runs one arm until its prompts are done, `stop` is set or the horizon passes.
 pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Live>) -> Result<Recorder, NetError> {
-    let mut speeds = vec![100; spec.ranks as usize];
+    let mut speeds = vec![100; spec.engines() as usize];
     if let Some((rank, pct)) = spec.slow {
         if let Some(s) = speeds.get_mut(rank as usize) {
             *s = pct;
@@ -96,13 +113,16 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         live,
         cluster: Cluster::new(spec.engine, &speeds, spec.lockstep),
         frontends,
-        rec: Recorder::new(spec.ranks),
+        rec: Recorder::new(spec.engines()),
         queue: BinaryHeap::new(),
         seq: 0,
         now: 0,
         moved: Vec::new(),
+        resizes_left: spec.resizes.len(),
+        draining: Vec::new(),
     };
-    w.link.bring_up(&w.cluster.engines)?;
+    let epoch = w.link.bring_up(&w.cluster.engines, spec.ranks)?;
+    w.rec.table(0, spec.ranks, epoch, 0);
     w.seed_events();
     let start = Instant::now();
     while let Some(Reverse((at, _, event))) = w.queue.pop() {
@@ -121,6 +141,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         }
     }
     w.sample();
+    w.rec.prefilled = w.cluster.prefilled();
     Ok(w.rec)
 }
 
@@ -146,11 +167,16 @@ impl World<'_> {
         if let Some((rank, t)) = self.spec.kill.filter(|(r, _)| *r < self.spec.ranks) {
             self.at(t, Event::Kill(rank));
         }
+        for &(t, n) in &self.spec.resizes {
+            self.at(t, Event::Resize(n));
+        }
         self.at(0, Event::Sample);
     }
 
     fn all_done(&self) -> bool {
-        self.frontends.iter().all(Frontend::exhausted) && self.rec.requests.iter().all(|r| r.done.is_some())
+        self.resizes_left == 0
+            && self.frontends.iter().all(Frontend::exhausted)
+            && self.rec.requests.iter().all(|r| r.done.is_some())
     }
 
     /// Sleeps until virtual time `at` is due in wall time, keeping engines' heartbeats going.
@@ -182,12 +208,37 @@ impl World<'_> {
                 }
                 Ok(())
             }
+            Event::Resize(n) => self.resize(n),
             Event::Sample => {
                 self.sample();
                 self.at(self.now + self.spec.sample_every.max(1), Event::Sample);
                 Ok(())
             }
         }
+    }
+
+    /// The operator resizes dpcoord's table; ranks it removed drain, then stop.
+    fn resize(&mut self, n: u32) -> Result<(), NetError> {
+        let before = self.link.ranks();
+        let (dp_size, epoch) = self.link.resize(n, &self.cluster.engines)?;
+        self.resizes_left -= 1;
+        self.draining.extend(dp_size..before);
+        self.rec.table(self.now, dp_size, epoch, self.cluster.prefilled());
+        self.stop_drained();
+        Ok(())
+    }
+
+    /// Removed ranks that hold nothing more stop (and would refuse work).
+    fn stop_drained(&mut self) {
+        let World { cluster, rec, now, draining, .. } = self;
+        draining.retain(|&rank| {
+            let busy = cluster.engines[rank as usize].has_work();
+            if !busy {
+                cluster.kill(rank);
+                rec.stopped.push((rank, *now));
+            }
+            busy
+        });
     }
 
     fn sample(&mut self) {
@@ -266,6 +317,7 @@ impl World<'_> {
         }
         moved.clear();
         self.moved = moved;
+        self.stop_drained();
         for i in 0..self.cluster.group_ranks(g).len() {
             let rank = self.cluster.group_ranks(g)[i];
             self.link.publish(rank, &self.cluster.engines[rank as usize])?;
