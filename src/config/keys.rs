@@ -146,6 +146,8 @@ pub const TICK_MS: IntKey =
     IntKey { key: Key::flagged(ROUTING, "tick_ms", "MS", "Tick period in ms"), default: 100, min: 1, max: 10_000 };
 pub const PENDING_TTL_MS: IntKey =
     IntKey { key: Key::flagged(ROUTING, "pending_ttl_ms", "MS", ""), default: 2000, min: 1, max: HOUR_MS };
+pub const PENDING_TRANSIT_MS: IntKey =
+    IntKey { key: Key::new(ROUTING, "pending_transit_ms"), default: 100, min: 0, max: 60_000 };
 pub const IMBALANCE_WINDOW_MS: IntKey =
     IntKey { key: Key::new(ROUTING, "imbalance_window_ms"), default: 60_000, min: 1000, max: DAY_MS };
 pub const WEIGHT_WAITING: FloatKey =
@@ -178,7 +180,7 @@ pub const MAX_MESSAGE_BYTES: IntKey =
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 34] = [
+pub const ALL: [AnyKey; 35] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -190,6 +192,7 @@ pub const ALL: [AnyKey; 34] = [
     AnyKey::Int(&STALE_AFTER_MS),
     AnyKey::Int(&DOWN_AFTER_MS),
     AnyKey::Int(&PENDING_TTL_MS),
+    AnyKey::Int(&PENDING_TRANSIT_MS),
     AnyKey::Str(&LOG_FORMAT),
     AnyKey::List(&ROUTE_ALLOW),
     AnyKey::List(&HEALTH_ALLOW),

@@ -86,6 +86,10 @@ pub struct Routing {
     pub policy: PolicyKind,
     pub tick: Duration,
     pub pending_ttl: Duration,
+    /// From a source of gauges only (no `received`), a placement is taken
+    /// as included in the engine's snapshot once the snapshot arrives this
+    /// long after the placement; younger ones stay pending on top of it.
+    pub pending_transit: Duration,
     pub imbalance_window: Duration,
     pub weights: LoadWeights,
     pub sessions: Sessions,

@@ -213,6 +213,7 @@ pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> 
     })?;
     let tick = s.ms(&keys::TICK_MS)?;
     let pending_ttl = s.ms(&keys::PENDING_TTL_MS)?;
+    let pending_transit = s.ms(&keys::PENDING_TRANSIT_MS)?;
     let imbalance_window = s.ms(&keys::IMBALANCE_WINDOW_MS)?;
     let weights = LoadWeights {
         waiting: s.float(&keys::WEIGHT_WAITING)?,
@@ -226,7 +227,7 @@ pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> 
     };
     let seed = s.int(&keys::SEED)?;
     s.finish()?;
-    Ok(Routing { policy, tick, pending_ttl, imbalance_window, weights, sessions, seed })
+    Ok(Routing { policy, tick, pending_ttl, pending_transit, imbalance_window, weights, sessions, seed })
 }
 
 pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {

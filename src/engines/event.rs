@@ -8,6 +8,8 @@
 //! and a config entry, and nothing here changes unless it brings a new kind
 //! of fact.
 
+use std::time::Duration;
+
 use serde::{Serialize, Serializer};
 
 /// One engine's request counters within one boot:
@@ -60,17 +62,35 @@ impl TokenLoad {
     }
 }
 
+/// How a source numbers its reports, which is how a restart shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sequence {
+    /// dpcoord's `StatsUpdate`: `boot` names the engine incarnation (a
+    /// higher one means it restarted) and `seq` rises strictly within it.
+    Boot { boot: u64, seq: u64 },
+    /// A stream each publisher process numbers from 0 (SGLang's load PUB):
+    /// on one connection reports arrive in order, so a `seq` not above the
+    /// last one means the publisher restarted.
+    Restarting { seq: u64 },
+}
+
 /// One rank's load report. `rank` is as the source sent it (any integer a
 /// MessagePack int can hold); the engine table checks it against the
 /// current rank count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadReport {
     pub rank: i128,
-    /// The engine incarnation; a higher one means it restarted.
-    pub boot: u64,
-    /// Rises strictly within a boot.
-    pub seq: u64,
+    pub sequence: Sequence,
+    /// With `cumulative`, all five counters; without, `waiting` and
+    /// `running` only (the others are 0).
     pub counts: Counts,
+    /// Whether `received`, `finished` and `failed` are the engine's own
+    /// cumulative counters. A source of gauges only (`false`) leaves
+    /// pending placements to be reconciled by time (`routing.pending_transit_ms`).
+    pub cumulative: bool,
+    /// The longest the source goes without re-sending an unchanged report
+    /// (liveness allows for it); zero when it says nothing.
+    pub heartbeat: Duration,
     pub tokens: Option<TokenLoad>,
     pub kv_usage: Option<f64>,
     pub ttft_ms: Option<f64>,
@@ -78,13 +98,14 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
-    /// A report with all counters at 0 and no optional field.
+    /// A `StatsUpdate`-style report with all counters at 0 and no optional field.
     pub fn new(rank: impl Into<i128>, boot: u64, seq: u64) -> Self {
         LoadReport {
             rank: rank.into(),
-            boot,
-            seq,
+            sequence: Sequence::Boot { boot, seq },
             counts: Counts::default(),
+            cumulative: true,
+            heartbeat: Duration::ZERO,
             tokens: None,
             kv_usage: None,
             ttft_ms: None,

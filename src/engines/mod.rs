@@ -7,7 +7,7 @@ pub mod penalty;
 pub mod routable;
 mod table;
 
-pub use event::{Counts, EngineEvent, LoadReport, TokenLoad};
+pub use event::{Counts, EngineEvent, LoadReport, Sequence, TokenLoad};
 pub use routable::{Target, Unroutable};
 pub use table::{Accepted, EngineState, EngineTable, HealthHandle, Reject, Status};
 

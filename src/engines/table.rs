@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::event::{Counts, LoadReport, TokenLoad};
+use super::event::{Counts, LoadReport, Sequence, TokenLoad};
 use super::penalty::{self, PenaltyState, TickInputs};
 use crate::config::{Penalty, Settings};
 
@@ -60,6 +60,8 @@ pub struct EngineState {
     /// `finished` and `failed` of earlier boots, for totals across restarts.
     pub finished_before: u64,
     pub failed_before: u64,
+    /// The source's longest silence between unchanged reports.
+    heartbeat: Duration,
 }
 
 impl EngineState {
@@ -79,6 +81,7 @@ impl EngineState {
             penalty_state: PenaltyState::default(),
             finished_before: 0,
             failed_before: 0,
+            heartbeat: Duration::ZERO,
         }
     }
 
@@ -121,8 +124,9 @@ pub struct Accepted {
     pub rank: u32,
     /// The engine restarted (a new `boot`): its counters started over.
     pub restarted: bool,
-    /// The engine's `received` counter after the update.
-    pub received: u64,
+    /// The engine's `received` counter after the update; `None` from a
+    /// source of gauges only.
+    pub received: Option<u64>,
     /// Updates of this boot that never arrived (a `seq` gap).
     pub missed: u64,
 }
@@ -139,6 +143,18 @@ impl Liveness {
         let e = &s.engines;
         Liveness { stale_after: e.stale_after, down_after: e.down_after, readmit_updates: e.readmit_updates }
     }
+
+    /// `stale_after`, or two and a half heartbeats of the rank's source if
+    /// that is longer: a source that re-sends an unchanged report only every
+    /// second must not flap between up and stale.
+    fn stale_after(&self, e: &EngineState) -> Duration {
+        self.stale_after.max(e.heartbeat * 5 / 2)
+    }
+
+    /// `down_after`, moved out as far as `stale_after` was.
+    fn down_after(&self, e: &EngineState) -> Duration {
+        self.down_after + (self.stale_after(e) - self.stale_after)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -151,25 +167,56 @@ pub struct EngineTable {
     ttfts: Vec<f64>,
 }
 
-/// The boot/seq rules. A lower `boot` is a stale incarnation, except for a
-/// rank that is `down`: its last incarnation is gone, so whatever publishes
-/// now is the live engine (one whose clock stepped back across a restart).
-fn check_order(e: &EngineState, u: &LoadReport) -> Result<(), Reject> {
-    if e.status == Status::Unknown || u.boot > e.boot || (u.boot < e.boot && e.status == Status::Down) {
-        return Ok(());
+/// How a report relates to the rank's current incarnation.
+enum Step {
+    /// The first report of the rank.
+    First { boot: u64 },
+    /// The same incarnation; `missed` reports never arrived (a seq gap).
+    Same { missed: u64 },
+    /// The engine (or its publisher) restarted: counters start over.
+    Restart { boot: u64 },
+}
+
+/// The ordering rules. With a `boot`: a lower `boot` is a stale
+/// incarnation, except for a rank that is `down` (its last incarnation is
+/// gone, so whatever publishes now is the live engine, one whose clock
+/// stepped back across a restart), and `seq` rises within a boot. Without
+/// (a restarting stream): a `seq` not above the last means the publisher
+/// restarted, and dpcoord numbers the incarnations itself.
+fn step(e: &EngineState, u: &LoadReport) -> Result<Step, Reject> {
+    let (boot, seq) = match u.sequence {
+        Sequence::Boot { boot, seq } => (boot, seq),
+        Sequence::Restarting { .. } if e.status == Status::Unknown => return Ok(Step::First { boot: 1 }),
+        Sequence::Restarting { seq } if seq > e.seq => return Ok(Step::Same { missed: seq - e.seq - 1 }),
+        Sequence::Restarting { .. } => return Ok(Step::Restart { boot: e.boot.saturating_add(1) }),
+    };
+    if e.status == Status::Unknown {
+        return Ok(Step::First { boot });
     }
-    if u.boot < e.boot {
-        return Err(Reject::OldBoot { boot: u.boot, current: e.boot });
+    if boot > e.boot || (boot < e.boot && e.status == Status::Down) {
+        return Ok(Step::Restart { boot });
     }
-    if u.seq <= e.seq {
-        return Err(Reject::OldSeq { seq: u.seq, last: e.seq });
+    if boot < e.boot {
+        return Err(Reject::OldBoot { boot, current: e.boot });
     }
-    for ((counter, from), (_, to)) in e.counts.cumulative().into_iter().zip(u.counts.cumulative()) {
-        if to < from {
-            return Err(Reject::Backwards { counter, boot: u.boot, from, to });
+    if seq <= e.seq {
+        return Err(Reject::OldSeq { seq, last: e.seq });
+    }
+    if u.cumulative {
+        for ((counter, from), (_, to)) in e.counts.cumulative().into_iter().zip(u.counts.cumulative()) {
+            if to < from {
+                return Err(Reject::Backwards { counter, boot, from, to });
+            }
         }
     }
-    Ok(())
+    Ok(Step::Same { missed: seq - e.seq - 1 })
+}
+
+/// The `seq` a report carries, whatever its numbering.
+fn seq_of(u: &LoadReport) -> u64 {
+    match u.sequence {
+        Sequence::Boot { seq, .. } | Sequence::Restarting { seq } => seq,
+    }
 }
 
 impl EngineTable {
@@ -266,30 +313,27 @@ impl EngineTable {
         let rank = usize::try_from(u.rank).ok().filter(|&r| r < self.engines.len()).ok_or(unknown)?;
         let live = &self.liveness;
         let e = &mut self.engines[rank];
-        check_order(e, u)?;
-        let restarted = e.status != Status::Unknown && u.boot != e.boot;
-        let same_boot = e.status != Status::Unknown && u.boot == e.boot;
-        let missed = if same_boot { u.seq - e.seq - 1 } else { 0 };
+        let (boot, restarted, missed) = match step(e, u)? {
+            Step::First { boot } => (boot, false, 0),
+            Step::Same { missed } => (e.boot, false, missed),
+            Step::Restart { boot } => (boot, true, 0),
+        };
         if restarted {
             e.finished_before = e.finished_before.saturating_add(e.counts.finished);
             e.failed_before = e.failed_before.saturating_add(e.counts.failed);
             e.penalty_state.on_restart();
-            tracing::info!(
-                dp_rank = rank,
-                old_boot = e.boot,
-                new_boot = u.boot,
-                "engine restarted: counters start over"
-            );
+            tracing::info!(dp_rank = rank, old_boot = e.boot, new_boot = boot, "engine restarted: counters start over");
         }
-        let close_gap = e.last_update.is_some_and(|t| now.saturating_duration_since(t) <= live.stale_after);
+        let close_gap = e.last_update.is_some_and(|t| now.saturating_duration_since(t) <= live.stale_after(e));
         e.readmit_streak = if close_gap { e.readmit_streak + 1 } else { 1 };
-        e.boot = u.boot;
-        e.seq = u.seq;
+        e.boot = boot;
+        e.seq = seq_of(u);
         e.counts = u.counts;
         e.tokens = u.tokens;
         e.kv_usage = u.kv_usage;
         e.ttft_ms = u.ttft_ms;
         e.tpot_ms = u.tpot_ms;
+        e.heartbeat = u.heartbeat;
         e.last_update = Some(now);
         let next = match e.status {
             Status::Down if e.readmit_streak < live.readmit_updates => Status::Down,
@@ -298,7 +342,8 @@ impl EngineTable {
         if self.set_status(rank, next) {
             self.epoch += 1;
         }
-        Ok(Accepted { rank: rank as u32, restarted, received: u.counts.received, missed })
+        let received = u.cumulative.then_some(u.counts.received);
+        Ok(Accepted { rank: rank as u32, restarted, received, missed })
     }
 
     /// A health prober's outcome for `rank`; a rank out of range (the
@@ -316,8 +361,8 @@ impl EngineTable {
         for rank in 0..self.engines.len() {
             let e = &self.engines[rank];
             let next = match (e.status, e.age(now)) {
-                (Status::Up | Status::Stale, Some(age)) if age >= self.liveness.down_after => Status::Down,
-                (Status::Up, Some(age)) if age >= self.liveness.stale_after => Status::Stale,
+                (Status::Up | Status::Stale, Some(age)) if age >= self.liveness.down_after(e) => Status::Down,
+                (Status::Up, Some(age)) if age >= self.liveness.stale_after(e) => Status::Stale,
                 (s, _) => s,
             };
             changed |= self.set_status(rank, next);

@@ -20,7 +20,10 @@ fn first_update_brings_a_rank_up_and_bumps_epoch() {
     let mut t = table(4);
     let t0 = Instant::now();
     assert!(!t.is_routable(0));
-    assert_eq!(t.apply(&upd(0, 1, 1, [0; 5]), t0), Ok(Accepted { rank: 0, restarted: false, received: 0, missed: 0 }));
+    assert_eq!(
+        t.apply(&upd(0, 1, 1, [0; 5]), t0),
+        Ok(Accepted { rank: 0, restarted: false, received: Some(0), missed: 0 })
+    );
     assert_eq!(t.apply(&upd(0, 1, 5, [0; 5]), t0).map(|a| a.missed), Ok(3));
     assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 1));
     t.apply(&upd(1, 1, 1, [0; 5]), t0).unwrap();
@@ -204,5 +207,44 @@ fn reloaded_liveness_applies_from_the_next_tick() {
     t.tick(ms(t0, 250));
     assert_eq!(t.get(0).status, Status::Stale);
     t.tick(ms(t0, 400));
+    assert_eq!(t.get(0).status, Status::Down);
+}
+
+/// A gauge-only report numbered by a restarting stream, with a heartbeat.
+fn stream(rank: i128, seq: u64, running: u64) -> LoadReport {
+    LoadReport {
+        sequence: Sequence::Restarting { seq },
+        cumulative: false,
+        heartbeat: Duration::from_secs(1),
+        ..LoadReport::new(rank, 0, 0).counts([0, running, 0, 0, 0])
+    }
+}
+
+#[test]
+fn a_restarting_stream_counts_gaps_and_takes_a_lower_seq_as_a_restart() {
+    let mut t = table(1);
+    let t0 = Instant::now();
+    assert_eq!(t.apply(&stream(0, 0, 1), t0).map(|a| (a.restarted, a.received)), Ok((false, None)));
+    assert_eq!(t.apply(&stream(0, 4, 2), t0).map(|a| a.missed), Ok(3));
+    assert_eq!((t.get(0).boot, t.get(0).counts.running), (1, 2));
+    // The publisher restarted: its seq starts at 0 again; dpcoord numbers the incarnation.
+    let a = t.apply(&stream(0, 0, 5), t0).unwrap();
+    assert_eq!((a.restarted, t.get(0).boot, t.get(0).seq), (true, 2, 0));
+}
+
+#[test]
+fn liveness_allows_two_and_a_half_heartbeats_of_silence() {
+    let mut t = table(1);
+    let t0 = Instant::now();
+    t.apply(&stream(0, 0, 0), t0).unwrap();
+    // stale_after 1000 ms and down_after 3000 ms, but the source re-sends
+    // an unchanged report only every second: stale at 2.5 s, down at 4.5 s.
+    t.tick(ms(t0, 2499));
+    assert_eq!(t.get(0).status, Status::Up);
+    t.tick(ms(t0, 2500));
+    assert_eq!(t.get(0).status, Status::Stale);
+    t.tick(ms(t0, 4499));
+    assert_eq!(t.get(0).status, Status::Stale);
+    t.tick(ms(t0, 4500));
     assert_eq!(t.get(0).status, Status::Down);
 }

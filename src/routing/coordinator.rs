@@ -138,7 +138,7 @@ impl Coordinator {
         match event {
             EngineEvent::Load(report) => match self.engines.apply(&report, now) {
                 Ok(accepted) => {
-                    self.user.on_report(&accepted, &self.engines);
+                    self.user.on_report(&accepted, &self.engines, now);
                     self.metrics.stats(StatsResult::Ok);
                     self.metrics.stats_missed.inc_by(accepted.missed);
                 }

@@ -5,6 +5,14 @@
 //! counter acknowledges the oldest outstanding placements first, and a
 //! placement not acknowledged within `pending_ttl` stops counting, so a lost
 //! request cannot inflate a rank's load forever.
+//!
+//! A source of gauges only (no `received`: SGLang's load stream, vLLM's
+//! `/metrics`) reports what the engine holds, which includes the placements
+//! that reached it. Its snapshots acknowledge by time: a snapshot that
+//! arrives at least `pending_transit` after a placement is taken to include
+//! it, so it stops being pending (no double count); younger placements stay
+//! pending on top of the snapshot (no herding after it, the failure of
+//! frontends that let each snapshot overwrite their own counts).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -75,15 +83,32 @@ impl Ledger {
         }
     }
 
-    /// Folds in an applied stats update of this rank.
-    pub fn on_report(&mut self, a: &Accepted) {
+    /// Removes the placements made at or before `cutoff`.
+    fn acknowledge_until(&mut self, cutoff: Instant) {
+        while let Some(&o) = self.outstanding.front() {
+            if o.at > cutoff {
+                break;
+            }
+            self.acknowledge(o.count);
+        }
+    }
+
+    /// Folds in an applied report of this rank that arrived at `now`.
+    pub fn on_report(&mut self, a: &Accepted, now: Instant, transit: Duration) {
         if a.restarted {
             *self = Ledger::default();
-        } else {
-            self.acknowledge(a.received.saturating_sub(self.received));
         }
-        self.received = a.received;
-        self.routed = self.routed.max(a.received);
+        match a.received {
+            Some(received) => {
+                self.acknowledge(received.saturating_sub(self.received));
+                self.received = received;
+                self.routed = self.routed.max(received);
+            }
+            None => match now.checked_sub(transit) {
+                Some(cutoff) => self.acknowledge_until(cutoff),
+                None => {}
+            },
+        }
     }
 }
 
@@ -92,7 +117,11 @@ mod tests {
     use super::*;
 
     fn report(received: u64, restarted: bool) -> Accepted {
-        Accepted { rank: 0, restarted, received, missed: 0 }
+        Accepted { rank: 0, restarted, received: Some(received), missed: 0 }
+    }
+
+    fn on(l: &mut Ledger, a: Accepted) {
+        l.on_report(&a, Instant::now(), Duration::ZERO);
     }
 
     #[test]
@@ -103,17 +132,17 @@ mod tests {
         l.place(3, 100, t0);
         l.place(2, 10, ms(500));
         assert_eq!((l.routed, l.pending, l.pending_tokens), (5, 5, 320));
-        l.on_report(&report(4, false));
+        on(&mut l, report(4, false));
         assert_eq!((l.routed, l.pending, l.pending_tokens), (5, 1, 10));
         l.expire(ms(2499), Duration::from_secs(2));
         assert_eq!(l.pending, 1);
         l.expire(ms(2500), Duration::from_secs(2));
         assert_eq!((l.pending, l.pending_tokens), (0, 0));
         // Requests that reached the engine another way raise `routed`.
-        l.on_report(&report(9, false));
+        on(&mut l, report(9, false));
         assert_eq!((l.routed, l.pending), (9, 0));
         l.place(1, 7, ms(3000));
-        l.on_report(&report(0, true));
+        on(&mut l, report(0, true));
         assert_eq!((l.routed, l.pending, l.pending_tokens, l.received), (0, 0, 0, 0));
     }
 
@@ -126,7 +155,44 @@ mod tests {
         }
         l.place(1, 6, t0);
         assert_eq!(l.outstanding.len(), 2);
-        l.on_report(&report(999, false));
+        on(&mut l, report(999, false));
         assert_eq!((l.pending, l.pending_tokens), (2, 11));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    fn snapshot(l: &mut Ledger, now: Instant, transit_ms: u64) {
+        let a = Accepted { rank: 0, restarted: false, received: None, missed: 0 };
+        l.on_report(&a, now, Duration::from_millis(transit_ms));
+    }
+
+    #[test]
+    fn a_snapshot_acknowledges_what_it_had_time_to_see() {
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut l = Ledger::default();
+        l.place(2, 10, t0);
+        l.place(1, 30, ms(40));
+        l.place(1, 50, ms(90));
+        // A snapshot at 100 ms with a 50 ms transit includes the placements up to 50 ms.
+        snapshot(&mut l, ms(100), 50);
+        assert_eq!((l.routed, l.pending, l.pending_tokens), (4, 1, 50));
+        // Snapshots keep acknowledging as they age past the window; nothing twice.
+        snapshot(&mut l, ms(139), 50);
+        assert_eq!(l.pending, 1);
+        snapshot(&mut l, ms(140), 50);
+        assert_eq!((l.routed, l.pending, l.pending_tokens), (4, 0, 0));
+        // A zero window: every snapshot overwrites what dpcoord placed before it.
+        l.place(3, 1, ms(200));
+        snapshot(&mut l, ms(200), 0);
+        assert_eq!(l.pending, 0);
+        // A restart starts the books over.
+        l.place(1, 1, ms(300));
+        let restart = Accepted { rank: 0, restarted: true, received: None, missed: 0 };
+        l.on_report(&restart, ms(300), Duration::from_millis(50));
+        assert_eq!((l.routed, l.pending), (0, 0));
     }
 }

@@ -35,6 +35,7 @@ pub struct UserDispatcher {
     sessions: SessionTable,
     session_ratio: f64,
     pending_ttl: Duration,
+    pending_transit: Duration,
     window: DispatchWindow,
 }
 
@@ -53,6 +54,7 @@ impl UserDispatcher {
             sessions: SessionTable::new(&r.sessions),
             session_ratio: r.sessions.max_load_ratio,
             pending_ttl: r.pending_ttl,
+            pending_transit: r.pending_transit,
             window: DispatchWindow::new(0, r.imbalance_window, now),
         };
         d.resize(s.engines.dp_size);
@@ -80,6 +82,7 @@ impl UserDispatcher {
         self.sessions.reconfigure(&r.sessions);
         self.session_ratio = r.sessions.max_load_ratio;
         self.pending_ttl = r.pending_ttl;
+        self.pending_transit = r.pending_transit;
         if self.window.length() != r.imbalance_window {
             self.window = DispatchWindow::new(self.ledgers.len(), r.imbalance_window, now);
         }
@@ -208,8 +211,8 @@ impl UserDispatcher {
     }
 
     /// Folds an applied stats update into the rank's ledger and cost.
-    pub fn on_report(&mut self, a: &Accepted, engines: &EngineTable) {
-        self.ledgers[a.rank as usize].on_report(a);
+    pub fn on_report(&mut self, a: &Accepted, engines: &EngineTable, now: Instant) {
+        self.ledgers[a.rank as usize].on_report(a, now, self.pending_transit);
         self.refresh(a.rank, engines);
     }
 

@@ -25,7 +25,7 @@ fn route(d: &mut UserDispatcher, t: &EngineTable, r: &RouteRequest<'_>) -> Vec<u
 /// Applies an update to the table and tells the dispatcher.
 fn report(d: &mut UserDispatcher, t: &mut EngineTable, u: LoadReport) {
     let a = t.apply(&u, Instant::now()).unwrap();
-    d.on_report(&a, t);
+    d.on_report(&a, t, Instant::now());
 }
 
 fn upd(rank: u32, seq: u64, counts: [u64; 5]) -> LoadReport {

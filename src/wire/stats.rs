@@ -10,7 +10,9 @@
 use std::fmt;
 
 use super::msgpack::{ReadError, Reader, Value};
-use crate::engines::{LoadReport, TokenLoad};
+use std::time::Duration;
+
+use crate::engines::{LoadReport, Sequence, TokenLoad};
 
 /// Why an update could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -170,9 +172,13 @@ pub fn decode_stats(bytes: &[u8]) -> Result<LoadReport, StatsError> {
     }
     Ok(LoadReport {
         rank: p.rank.ok_or(StatsError::Missing("rank"))?,
-        boot: p.boot.ok_or(StatsError::Missing("boot"))?,
-        seq: p.seq.ok_or(StatsError::Missing("seq"))?,
+        sequence: Sequence::Boot {
+            boot: p.boot.ok_or(StatsError::Missing("boot"))?,
+            seq: p.seq.ok_or(StatsError::Missing("seq"))?,
+        },
         counts: p.counts.ok_or(StatsError::Missing("counts"))?.into(),
+        cumulative: true,
+        heartbeat: Duration::ZERO,
         tokens: p.tokens.map(|[waiting, running]| TokenLoad { waiting, running }),
         kv_usage: p.kv_usage,
         ttft_ms: p.ttft_ms,
