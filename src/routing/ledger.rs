@@ -104,10 +104,11 @@ impl Ledger {
                 self.received = received;
                 self.routed = self.routed.max(received);
             }
-            None => match now.checked_sub(transit) {
-                Some(cutoff) => self.acknowledge_until(cutoff),
-                None => {}
-            },
+            None => {
+                if let Some(cutoff) = now.checked_sub(transit) {
+                    self.acknowledge_until(cutoff);
+                }
+            }
         }
     }
 }
