@@ -120,6 +120,14 @@ pub const STATS_BIND: StrKey = StrKey {
 };
 pub const STATS_CONNECT: ListKey =
     ListKey { key: Key::flagged(SERVER, "stats_connect", "EP", "Engine PUB endpoint to connect to; repeatable") };
+pub const SGLANG_LOAD_CONNECT: ListKey = ListKey {
+    key: Key::flagged(
+        ENGINES,
+        "sglang_load_connect",
+        "EP",
+        "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable",
+    ),
+};
 pub const METRICS_BIND: StrKey = StrKey {
     key: Key::flagged(SERVER, "metrics_bind", "HOST:PORT", "HTTP listener for metrics and probes"),
     default: "127.0.0.1:9570",
@@ -180,13 +188,14 @@ pub const MAX_MESSAGE_BYTES: IntKey =
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 35] = [
+pub const ALL: [AnyKey; 36] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
     AnyKey::Str(&HEALTH_BIND),
     AnyKey::Str(&STATS_BIND),
     AnyKey::List(&STATS_CONNECT),
+    AnyKey::List(&SGLANG_LOAD_CONNECT),
     AnyKey::Str(&METRICS_BIND),
     AnyKey::Int(&TICK_MS),
     AnyKey::Int(&STALE_AFTER_MS),

@@ -63,6 +63,8 @@ pub struct Server {
     /// `None` when the bind is disabled (`""`).
     pub stats_bind: Option<String>,
     pub stats_connect: Vec<String>,
+    /// SGLang scheduler load publishers to subscribe to (`engines.sglang_load_connect`).
+    pub sglang_load_connect: Vec<String>,
     pub metrics_bind: SocketAddr,
     pub log_format: LogFormat,
     /// Peer allowlists of the bound sockets (TCP only; empty = no check).
@@ -171,10 +173,13 @@ impl Config {
         if let Some(k) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
             return Err(err(k.as_str(), format!("unknown section; known sections: {}", SECTIONS.join(", "))));
         }
+        let mut server = parse_server(section(&root, "server")?)?;
+        let (engines, sglang_load_connect) = parse_engines(section(&root, "engines")?)?;
+        server.sglang_load_connect = sglang_load_connect;
         Ok(Config {
-            server: parse_server(section(&root, "server")?)?,
+            server,
             settings: Settings {
-                engines: parse_engines(section(&root, "engines")?)?,
+                engines,
                 routing: parse_routing(section(&root, "routing")?)?,
                 penalty: parse_penalty(section(&root, "penalty")?)?,
                 limits: parse_limits(section(&root, "limits")?)?,

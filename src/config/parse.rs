@@ -164,6 +164,7 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         health_bind,
         stats_bind,
         stats_connect,
+        sglang_load_connect: Vec::new(),
         metrics_bind,
         log_format,
         route_allow,
@@ -185,8 +186,11 @@ fn parse_mode(s: &str) -> Result<Option<u32>, String> {
     u32::from_str_radix(s, 8).ok().filter(|&m| m <= 0o777).map(Some).ok_or_else(bad)
 }
 
-pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> {
+/// The engines section: the settings, and the SGLang load endpoints to
+/// connect to (which join the server's sockets: a restart changes them).
+pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, Vec<String>), ConfigError> {
     let dp_size = s.int(&keys::DP_SIZE)? as u32;
+    let sglang_load_connect = s.endpoints(&keys::SGLANG_LOAD_CONNECT)?;
     let stale_after = s.ms(&keys::STALE_AFTER_MS)?;
     let down_after = s.ms(&keys::DOWN_AFTER_MS)?;
     let readmit_updates = s.int(&keys::READMIT_UPDATES)? as u32;
@@ -202,7 +206,7 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<Engines, ConfigError> 
             ),
         ));
     }
-    Ok(Engines { dp_size, stale_after, down_after, readmit_updates })
+    Ok((Engines { dp_size, stale_after, down_after, readmit_updates }, sglang_load_connect))
 }
 
 pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {

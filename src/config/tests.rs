@@ -94,6 +94,11 @@ fn the_flags_are_the_documented_ones() {
         ("health-bind", "EP", "ROUTER endpoint for health queries (server.health_bind)"),
         ("stats-bind", "EP", "SUB bind endpoint for engine stats, \"\" to disable (server.stats_bind)"),
         ("stats-connect", "EP", "Engine PUB endpoint to connect to; repeatable (server.stats_connect)"),
+        (
+            "sglang-load-connect",
+            "EP",
+            "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable (engines.sglang_load_connect)",
+        ),
         ("metrics-bind", "HOST:PORT", "HTTP listener for metrics and probes (server.metrics_bind)"),
         ("tick-ms", "MS", "Tick period in ms (routing.tick_ms)"),
         ("stale-after-ms", "MS", "engines.stale_after_ms"),

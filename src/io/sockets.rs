@@ -96,8 +96,8 @@ fn subscriber(ctx: &zmq::Context, name: &'static str) -> Result<zmq::Socket, Tra
 
 /// The endpoints dpcoord connects to, by source kind. A new source is a
 /// row here, its config key, and its decoder in `wire`.
-fn connected(srv: &Server) -> [(SourceKind, &[String]); 1] {
-    [(SourceKind::Stats, &srv.stats_connect)]
+fn connected(srv: &Server) -> [(SourceKind, &[String]); 2] {
+    [(SourceKind::Stats, &srv.stats_connect), (SourceKind::SglangLoad, &srv.sglang_load_connect)]
 }
 
 /// The engine sources: a SUB bound at `stats_bind` (under the allowlist and

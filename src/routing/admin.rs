@@ -40,6 +40,7 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         ("server.health_bind", old.health_bind != new.health_bind),
         ("server.stats_bind", old.stats_bind != new.stats_bind),
         ("server.stats_connect", old.stats_connect != new.stats_connect),
+        ("engines.sglang_load_connect", old.sglang_load_connect != new.sglang_load_connect),
         ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
         ("server.log_format", old.log_format != new.log_format),
         ("server.ipc_mode", old.ipc_mode != new.ipc_mode),

@@ -7,6 +7,7 @@
 pub mod msgpack;
 mod query;
 mod reply;
+mod sglang;
 mod source;
 mod stats;
 
@@ -18,6 +19,7 @@ pub use query::{
 pub use reply::{
     encode_admin, encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView,
 };
+pub use sglang::{decode_sglang_load, SglangError};
 pub use source::{decode_source, SourceError, SourceKind};
 pub use stats::{decode_stats, StatsError};
 

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::ops::Deref;
 
+use super::sglang::{decode_sglang_load, SglangError};
 use super::stats::{decode_stats, StatsError};
 use crate::engines::EngineEvent;
 
@@ -16,12 +17,15 @@ use crate::engines::EngineEvent;
 pub enum SourceKind {
     /// dpcoord's own `StatsUpdate`: one MessagePack frame per message.
     Stats,
+    /// SGLang's scheduler load stream: `[b"load", seq, LoadStat]`.
+    SglangLoad,
 }
 
 impl SourceKind {
     pub fn as_str(self) -> &'static str {
         match self {
             SourceKind::Stats => "stats",
+            SourceKind::SglangLoad => "sglang_load",
         }
     }
 }
@@ -42,6 +46,7 @@ pub enum SourceError {
     /// More frames than the transport keeps of one message.
     TooManyFrames,
     Stats(StatsError),
+    Sglang(SglangError),
 }
 
 impl fmt::Display for SourceError {
@@ -51,6 +56,7 @@ impl fmt::Display for SourceError {
             SourceError::Frames { got, want } => write!(f, "a message of this source is {want} frame(s), got {got}"),
             SourceError::TooManyFrames => write!(f, "a message with more frames than any source uses"),
             SourceError::Stats(e) => e.fmt(f),
+            SourceError::Sglang(e) => e.fmt(f),
         }
     }
 }
@@ -70,6 +76,10 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
     match (kind, frames) {
         (SourceKind::Stats, [one]) => decode_stats(one).map(EngineEvent::Load).map_err(SourceError::Stats),
         (SourceKind::Stats, _) => Err(SourceError::Frames { got: frames.len(), want: 1 }),
+        (SourceKind::SglangLoad, [topic, seq, payload]) => {
+            decode_sglang_load(topic, seq, payload).map(EngineEvent::Load).map_err(SourceError::Sglang)
+        }
+        (SourceKind::SglangLoad, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
     }
 }
 
