@@ -158,7 +158,7 @@ fn unknown_up_stale_down_and_readmitted_with_exact_epochs() {
 
 #[test]
 fn ranks_going_down_on_the_same_tick_bump_the_epoch_once() {
-    // PROTOCOL.md: epoch "increments whenever the set of routable ranks
+    // docs/PROTOCOL.md §3: epoch "increments whenever the set of routable ranks
     // changes". Two ranks whose last updates arrived together cross
     // down_after on the same tick (ticks are a second apart here), so the
     // routable set changes once: {0, 1} -> {}.

@@ -1,4 +1,4 @@
-//! The isolation invariant (PROTOCOL.md, "Health"): nothing that arrives on
+//! The isolation invariant (docs/PROTOCOL.md §5, "Isolation"): nothing that arrives on
 //! the health socket changes user routing state. Two fresh daemons get the
 //! same engine stats and the same user queries; one also gets ~50 health
 //! queries interleaved. The user answers and the user bookkeeping must match.
