@@ -128,6 +128,16 @@ pub const SGLANG_LOAD_CONNECT: ListKey = ListKey {
         "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable",
     ),
 };
+pub const VLLM_METRICS_URL: ListKey = ListKey {
+    key: Key::flagged(
+        ENGINES,
+        "vllm_metrics_url",
+        "URL",
+        "vLLM API server /metrics to scrape (external LB: the i-th is rank i); repeatable",
+    ),
+};
+pub const VLLM_METRICS_INTERVAL_MS: IntKey =
+    IntKey { key: Key::new(ENGINES, "vllm_metrics_interval_ms"), default: 250, min: 50, max: 10_000 };
 pub const METRICS_BIND: StrKey = StrKey {
     key: Key::flagged(SERVER, "metrics_bind", "HOST:PORT", "HTTP listener for metrics and probes"),
     default: "127.0.0.1:9570",
@@ -188,7 +198,7 @@ pub const MAX_MESSAGE_BYTES: IntKey =
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 36] = [
+pub const ALL: [AnyKey; 38] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -196,6 +206,7 @@ pub const ALL: [AnyKey; 36] = [
     AnyKey::Str(&STATS_BIND),
     AnyKey::List(&STATS_CONNECT),
     AnyKey::List(&SGLANG_LOAD_CONNECT),
+    AnyKey::List(&VLLM_METRICS_URL),
     AnyKey::Str(&METRICS_BIND),
     AnyKey::Int(&TICK_MS),
     AnyKey::Int(&STALE_AFTER_MS),
@@ -208,6 +219,7 @@ pub const ALL: [AnyKey; 36] = [
     AnyKey::List(&STATS_ALLOW),
     AnyKey::Str(&IPC_MODE),
     AnyKey::Int(&READMIT_UPDATES),
+    AnyKey::Int(&VLLM_METRICS_INTERVAL_MS),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),
     AnyKey::Float(&WEIGHT_WAITING),
     AnyKey::Float(&WEIGHT_RUNNING),

@@ -65,6 +65,10 @@ pub struct Server {
     pub stats_connect: Vec<String>,
     /// SGLang scheduler load publishers to subscribe to (`engines.sglang_load_connect`).
     pub sglang_load_connect: Vec<String>,
+    /// vLLM API servers' `/metrics`, in rank order (`engines.vllm_metrics_url`).
+    pub vllm_metrics_url: Vec<String>,
+    /// How often each is scraped (`engines.vllm_metrics_interval_ms`).
+    pub vllm_metrics_interval: Duration,
     pub metrics_bind: SocketAddr,
     pub log_format: LogFormat,
     /// Peer allowlists of the bound sockets (TCP only; empty = no check).
@@ -174,8 +178,10 @@ impl Config {
             return Err(err(k.as_str(), format!("unknown section; known sections: {}", SECTIONS.join(", "))));
         }
         let mut server = parse_server(section(&root, "server")?)?;
-        let (engines, sglang_load_connect) = parse_engines(section(&root, "engines")?)?;
-        server.sglang_load_connect = sglang_load_connect;
+        let (engines, sources) = parse_engines(section(&root, "engines")?)?;
+        server.sglang_load_connect = sources.sglang_load_connect;
+        server.vllm_metrics_url = sources.vllm_metrics_url;
+        server.vllm_metrics_interval = sources.vllm_metrics_interval;
         Ok(Config {
             server,
             settings: Settings {

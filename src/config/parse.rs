@@ -165,6 +165,8 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         stats_bind,
         stats_connect,
         sglang_load_connect: Vec::new(),
+        vllm_metrics_url: Vec::new(),
+        vllm_metrics_interval: Duration::ZERO,
         metrics_bind,
         log_format,
         route_allow,
@@ -186,11 +188,22 @@ fn parse_mode(s: &str) -> Result<Option<u32>, String> {
     u32::from_str_radix(s, 8).ok().filter(|&m| m <= 0o777).map(Some).ok_or_else(bad)
 }
 
-/// The engines section: the settings, and the SGLang load endpoints to
-/// connect to (which join the server's sockets: a restart changes them).
-pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, Vec<String>), ConfigError> {
+/// What the engines section adds to the server's sockets (a restart changes them).
+pub(super) struct EngineSources {
+    pub sglang_load_connect: Vec<String>,
+    pub vllm_metrics_url: Vec<String>,
+    pub vllm_metrics_interval: Duration,
+}
+
+/// The engines section: the settings, and the engine sources to reach.
+pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSources), ConfigError> {
     let dp_size = s.int(&keys::DP_SIZE)? as u32;
     let sglang_load_connect = s.endpoints(&keys::SGLANG_LOAD_CONNECT)?;
+    let vllm_metrics_url = s.strings(&keys::VLLM_METRICS_URL)?;
+    for url in &vllm_metrics_url {
+        check_url(url).map_err(|p| err(keys::VLLM_METRICS_URL.key.path(), p))?;
+    }
+    let vllm_metrics_interval = s.ms(&keys::VLLM_METRICS_INTERVAL_MS)?;
     let stale_after = s.ms(&keys::STALE_AFTER_MS)?;
     let down_after = s.ms(&keys::DOWN_AFTER_MS)?;
     let readmit_updates = s.int(&keys::READMIT_UPDATES)? as u32;
@@ -206,7 +219,23 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, Vec<String>)
             ),
         ));
     }
-    Ok((Engines { dp_size, stale_after, down_after, readmit_updates }, sglang_load_connect))
+    let sources = EngineSources { sglang_load_connect, vllm_metrics_url, vllm_metrics_interval };
+    Ok((Engines { dp_size, stale_after, down_after, readmit_updates }, sources))
+}
+
+/// Checks a URL to scrape: `http://HOST:PORT/PATH` (plain HTTP, an explicit port, a path).
+fn check_url(s: &str) -> Result<(), String> {
+    let bad = || format!("`{s}` is not a URL to scrape; use http://HOST:PORT/PATH, like http://10.0.0.5:8000/metrics");
+    let uri: ureq::http::Uri = s.parse().map_err(|_| bad())?;
+    let host = uri.host().filter(|h| !h.is_empty());
+    let path = uri.path_and_query().map(|p| p.as_str()).filter(|p| p.starts_with('/') && p.len() > 1);
+    if uri.scheme_str() != Some("http") || host.is_none() || uri.port_u16().is_none() || path.is_none() {
+        return Err(bad());
+    }
+    if s.contains('@') {
+        return Err(format!("`{s}`: credentials in the URL are not supported"));
+    }
+    Ok(())
 }
 
 pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> {

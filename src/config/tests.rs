@@ -99,6 +99,11 @@ fn the_flags_are_the_documented_ones() {
             "EP",
             "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable (engines.sglang_load_connect)",
         ),
+        (
+            "vllm-metrics-url",
+            "URL",
+            "vLLM API server /metrics to scrape (external LB: the i-th is rank i); repeatable (engines.vllm_metrics_url)",
+        ),
         ("metrics-bind", "HOST:PORT", "HTTP listener for metrics and probes (server.metrics_bind)"),
         ("tick-ms", "MS", "Tick period in ms (routing.tick_ms)"),
         ("stale-after-ms", "MS", "engines.stale_after_ms"),
@@ -198,4 +203,33 @@ fn endpoints() {
     for bad in ["", "tcp://", "tcp://h", "tcp://:1", "tcp://h:99999", "ipc://", "udp://h:1", "127.0.0.1:5570"] {
         assert!(check_endpoint(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn vllm_metrics_urls_are_plain_http_with_a_port_and_a_path() {
+    let c = Config::default();
+    assert_eq!((c.server.vllm_metrics_url.len(), c.server.vllm_metrics_interval), (0, Duration::from_millis(250)));
+    let ok = ["http://10.0.0.5:8000/metrics", "http://[::1]:8000/metrics", "http://vllm-0.svc:8000/metrics?x=1"];
+    let text = format!("[engines]\nvllm_metrics_url = {ok:?}\nvllm_metrics_interval_ms = 1000");
+    let c = parse(&text).unwrap();
+    assert_eq!(
+        (c.server.vllm_metrics_url, c.server.vllm_metrics_interval),
+        (ok.map(String::from).to_vec(), Duration::from_secs(1))
+    );
+    let bad = [
+        "https://h:8000/metrics",
+        "http://h/metrics",
+        "http://h:8000",
+        "http://h:8000/",
+        "http://:8000/metrics",
+        "h:8000/metrics",
+        "http://u:p@h:8000/metrics",
+        "http://h:99999/metrics",
+        "",
+    ];
+    for url in bad {
+        let e = parse(&format!("[engines]\nvllm_metrics_url = [{url:?}]")).unwrap_err();
+        assert_eq!(e.key, "engines.vllm_metrics_url", "{url}");
+    }
+    assert_eq!(key_of("[engines]\nvllm_metrics_interval_ms = 10"), "engines.vllm_metrics_interval_ms");
 }

@@ -1,4 +1,4 @@
-//! Runs the daemon: sockets, the coordinator thread, and shutdown.
+//! Runs the daemon: sockets, the coordinator thread, the scraper, and shutdown.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -6,6 +6,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
+use crate::io::scrape::Scraper;
 use crate::io::sockets::{Sockets, TransportError};
 use crate::io::transport::{self, Control};
 use crate::observability::metrics::Metrics;
@@ -19,6 +20,7 @@ pub struct Daemon {
     pub published: Arc<Published>,
     control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
+    scraper: Scraper,
 }
 
 impl Daemon {
@@ -29,6 +31,7 @@ impl Daemon {
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
+        let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
         let mut coord =
             Coordinator::new(&cfg.settings, metrics, Instant::now()).with_config_source(cfg.server.clone(), source);
         let published = coord.published();
@@ -46,7 +49,7 @@ impl Daemon {
             policy = cfg.settings.routing.policy.as_str(),
             "dpcoord serving"
         );
-        Ok(Daemon { registry, published, control, thread })
+        Ok(Daemon { registry, published, control, thread, scraper })
     }
 
     /// True once the coordinator thread has ended (on error or stop).
@@ -60,9 +63,12 @@ impl Daemon {
         self.control.reload.store(true, Ordering::Relaxed);
     }
 
-    /// Asks the coordinator to answer what is queued and stop; waits for it.
+    /// Asks the coordinator to answer what is queued and stop, ends the
+    /// scraper meanwhile (a request in flight may take its timeout), and
+    /// waits for both.
     pub fn stop(self) -> Result<(), TransportError> {
         self.control.stop.store(true, Ordering::Relaxed);
+        self.scraper.stop();
         match self.thread.join() {
             Ok(r) => r,
             Err(panic) => std::panic::resume_unwind(panic),

@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod http;
 pub mod ipc;
 pub mod probe;
+pub mod scrape;
 pub mod sockets;
 pub mod transport;
 mod zap;

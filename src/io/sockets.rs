@@ -1,6 +1,8 @@
-//! Opening dpcoord's ZeroMQ sockets: the engine sources, the route and
-//! health ROUTERs, and the ZAP handler behind peer allowlists.
+//! Opening dpcoord's ZeroMQ sockets: the engine sources (the scraper's
+//! in-process PULL among them), the route and health ROUTERs, and the ZAP
+//! handler behind peer allowlists.
 
+use super::scrape;
 use crate::config::{Config, Server};
 use crate::wire::SourceKind;
 
@@ -23,6 +25,8 @@ pub enum TransportError {
     Endpoint { what: &'static str, socket: &'static str, endpoint: String, source: zmq::Error },
     #[error("cannot start the coordinator thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot start a scraper thread: {0}")]
+    ScrapeThread(std::io::Error),
     #[error("zeromq error on the {socket} socket: {source}")]
     Socket { socket: &'static str, source: zmq::Error },
     #[error(transparent)]
@@ -52,7 +56,7 @@ pub struct Sockets {
     pub health: zmq::Socket,
     /// The ZAP handler, asked about every new peer of the bound sockets.
     pub zap: zmq::Socket,
-    _ctx: zmq::Context,
+    ctx: zmq::Context,
 }
 
 /// Asks libzmq to consult the ZAP handler for this bound socket's peers.
@@ -100,6 +104,17 @@ fn connected(srv: &Server) -> [(SourceKind, &[String]); 2] {
     [(SourceKind::Stats, &srv.stats_connect), (SourceKind::SglangLoad, &srv.sglang_load_connect)]
 }
 
+/// The scraped source: a PULL bound in-process, fed by the scraper's
+/// threads (`io::scrape`), one pipe per URL holding at most one body.
+fn scraped(ctx: &zmq::Context, srv: &Server) -> Result<Source, TransportError> {
+    let kind = SourceKind::VllmMetrics { interval: srv.vllm_metrics_interval };
+    let s = ctx.socket(zmq::PULL).map_err(sock_err(kind.as_str()))?;
+    s.set_linger(0).map_err(sock_err(kind.as_str()))?;
+    s.set_rcvhwm(1).map_err(sock_err(kind.as_str()))?;
+    s.bind(scrape::ENDPOINT).map_err(endpoint_err("bind", kind.as_str(), scrape::ENDPOINT))?;
+    Ok(Source { socket: s, kind })
+}
+
 /// The engine sources: a SUB bound at `stats_bind` (under the allowlist and
 /// libzmq's size backstop), and per kind one SUB that connects to every
 /// endpoint of that kind. Connecting sockets are their own: on a shared
@@ -124,6 +139,9 @@ fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportErr
         }
         sources.push(Source { socket: s, kind });
     }
+    if !srv.vllm_metrics_url.is_empty() {
+        sources.push(scraped(ctx, srv)?);
+    }
     Ok(sources)
 }
 
@@ -138,6 +156,11 @@ impl Sockets {
         let sources = sources(&ctx, cfg)?;
         let route = router(&ctx, "route", &srv.route_bind, cfg)?;
         let health = router(&ctx, "health", &srv.health_bind, cfg)?;
-        Ok(Sockets { sources, route, health, zap, _ctx: ctx })
+        Ok(Sockets { sources, route, health, zap, ctx })
+    }
+
+    /// The sockets' context, for in-process peers (the scraper).
+    pub fn context(&self) -> zmq::Context {
+        self.ctx.clone()
     }
 }

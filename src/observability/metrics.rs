@@ -46,6 +46,56 @@ impl StatsResult {
     }
 }
 
+/// The `result` label of `dpcoord_scrapes_total`: how one scrape of a
+/// vLLM `/metrics` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrapeResult {
+    /// The body decoded into a load report.
+    Ok,
+    /// Refused, unreachable or reset before a response.
+    ConnectError,
+    Timeout,
+    /// A status other than 200, or not HTTP.
+    HttpError,
+    /// A body above the scrape cap.
+    TooLarge,
+    /// A body that did not decode (not the text format, or no vLLM gauges).
+    Malformed,
+}
+
+impl ScrapeResult {
+    pub const ALL: [ScrapeResult; 6] = [
+        ScrapeResult::Ok,
+        ScrapeResult::ConnectError,
+        ScrapeResult::Timeout,
+        ScrapeResult::HttpError,
+        ScrapeResult::TooLarge,
+        ScrapeResult::Malformed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScrapeResult::Ok => "ok",
+            ScrapeResult::ConnectError => "connect_error",
+            ScrapeResult::Timeout => "timeout",
+            ScrapeResult::HttpError => "http_error",
+            ScrapeResult::TooLarge => "too_large",
+            ScrapeResult::Malformed => "malformed",
+        }
+    }
+}
+
+/// The `dpcoord_scrapes_total` handles: atomics, shared with the scraper threads.
+#[derive(Clone)]
+pub struct Scrapes(Vec<IntCounter>);
+
+impl Scrapes {
+    pub fn count(&self, result: ScrapeResult) {
+        let i = ScrapeResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
+        self.0[i].inc();
+    }
+}
+
 /// The labelled families behind [`RankMetrics`], kept so that ranks can
 /// be added and removed at run time.
 struct RankFamilies {
@@ -134,6 +184,8 @@ pub struct Metrics {
     access_denied: [IntCounter; 3],
     reloads: Vec<IntCounter>,
     dp_size: IntGauge,
+    /// `dpcoord_scrapes_total`, by result.
+    pub scrapes: Scrapes,
 }
 
 /// A query costs 1 to 5 us inside dpcoord (release build, 8 ranks); the
@@ -272,6 +324,13 @@ impl Metrics {
             &r,
             built(IntGauge::with_opts(opts("dpcoord_dp_size", "The number of DP ranks dpcoord routes over."))),
         );
+        let scrapes = register(
+            &r,
+            built(IntCounterVec::new(
+                opts("dpcoord_scrapes_total", "Scrapes of vLLM /metrics (engines.vllm_metrics_url), by result."),
+                &["result"],
+            )),
+        );
         let families = RankFamilies { routed, requests, finished, failed, up, penalty, age };
         let mut m = Metrics {
             registry: r,
@@ -288,6 +347,7 @@ impl Metrics {
             access_denied: ["route", "health", "stats"].map(|s| access_denied.with_label_values(&[s])),
             reloads: ReloadResult::ALL.iter().map(|r| reloads.with_label_values(&[r.as_str()])).collect(),
             dp_size: dp_gauge,
+            scrapes: Scrapes(ScrapeResult::ALL.iter().map(|s| scrapes.with_label_values(&[s.as_str()])).collect()),
         };
         m.resize(dp_size);
         m

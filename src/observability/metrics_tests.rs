@@ -5,7 +5,7 @@ use prometheus::proto::MetricType;
 use super::*;
 
 /// The contract's Metrics table: name, type, label names.
-const CONTRACT: [(&str, MetricType, &[&str]); 17] = [
+const CONTRACT: [(&str, MetricType, &[&str]); 18] = [
     ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
     ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
     ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -24,6 +24,7 @@ const CONTRACT: [(&str, MetricType, &[&str]); 17] = [
     ("dpcoord_access_denied_total", MetricType::COUNTER, &["socket"]),
     ("dpcoord_config_reloads_total", MetricType::COUNTER, &["result"]),
     ("dpcoord_dp_size", MetricType::GAUGE, &[]),
+    ("dpcoord_scrapes_total", MetricType::COUNTER, &["result"]),
 ];
 
 #[test]
@@ -46,6 +47,7 @@ fn every_contract_metric_exists_with_its_type_labels_and_series() {
     assert_eq!(count("dpcoord_route_errors_total"), ErrorCode::ALL.len());
     assert_eq!(count("dpcoord_stats_messages_total"), StatsResult::ALL.len());
     assert_eq!(count("dpcoord_route_duration_seconds"), 2);
+    assert_eq!(count("dpcoord_scrapes_total"), ScrapeResult::ALL.len());
 }
 
 #[test]
@@ -71,6 +73,7 @@ fn error_and_stats_handles_count_under_their_own_label() {
     m.error(ErrorCode::TooLarge);
     m.stats(StatsResult::Stale);
     m.stats(StatsResult::Stale);
+    m.scrapes.clone().count(ScrapeResult::Timeout);
     let families = m.registry.gather();
     let value = |name: &str, label: &str| {
         let f = families.iter().find(|f| f.name() == name).unwrap();
@@ -81,4 +84,6 @@ fn error_and_stats_handles_count_under_their_own_label() {
     assert_eq!(value("dpcoord_route_errors_total", "bad_request"), 0.0);
     assert_eq!(value("dpcoord_stats_messages_total", "stale"), 2.0);
     assert_eq!(value("dpcoord_stats_messages_total", "ok"), 0.0);
+    assert_eq!(value("dpcoord_scrapes_total", "timeout"), 1.0);
+    assert_eq!(value("dpcoord_scrapes_total", "ok"), 0.0);
 }

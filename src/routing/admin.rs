@@ -41,6 +41,8 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         ("server.stats_bind", old.stats_bind != new.stats_bind),
         ("server.stats_connect", old.stats_connect != new.stats_connect),
         ("engines.sglang_load_connect", old.sglang_load_connect != new.sglang_load_connect),
+        ("engines.vllm_metrics_url", old.vllm_metrics_url != new.vllm_metrics_url),
+        ("engines.vllm_metrics_interval_ms", old.vllm_metrics_interval != new.vllm_metrics_interval),
         ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
         ("server.log_format", old.log_format != new.log_format),
         ("server.ipc_mode", old.ipc_mode != new.ipc_mode),

@@ -21,7 +21,7 @@ use super::user::UserDispatcher;
 use crate::config::Settings;
 use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
-use crate::observability::metrics::{Metrics, StatsResult};
+use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{self, Channel, HealthOp, Id, QueryLimits, RouteOp, RouteRequest, SourceKind, WireError};
 
@@ -127,7 +127,12 @@ impl Coordinator {
     /// One message from an engine source: every frame, or `None` when it
     /// had more frames than the transport keeps.
     pub fn on_source<F: Deref<Target = [u8]>>(&mut self, kind: SourceKind, frames: Option<&[F]>, now: Instant) {
-        match wire::decode_source(kind, frames, self.limits.max_message_bytes) {
+        let decoded = wire::decode_source(kind, frames, self.limits.max_message_bytes);
+        if let SourceKind::VllmMetrics { .. } = kind {
+            // The scraper counts the scrapes that brought no body.
+            self.metrics.scrapes.count(if decoded.is_ok() { ScrapeResult::Ok } else { ScrapeResult::Malformed });
+        }
+        match decoded {
             Ok(event) => self.on_event(event, now),
             Err(e) => self.dropped(StatsResult::Malformed, &e, now),
         }

@@ -10,6 +10,7 @@ mod reply;
 mod sglang;
 mod source;
 mod stats;
+mod vllm_metrics;
 
 pub use crate::engines::Target;
 pub use query::{
@@ -22,6 +23,7 @@ pub use reply::{
 pub use sglang::{decode_sglang_load, SglangError};
 pub use source::{decode_source, SourceError, SourceKind};
 pub use stats::{decode_stats, StatsError};
+pub use vllm_metrics::{decode_vllm_metrics, VllmMetricsError, MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES};
 
 use crate::engines::Unroutable;
 

@@ -7,9 +7,11 @@
 
 use std::fmt;
 use std::ops::Deref;
+use std::time::Duration;
 
 use super::sglang::{decode_sglang_load, SglangError};
 use super::stats::{decode_stats, StatsError};
+use super::vllm_metrics::{self, decode_vllm_metrics, VllmMetricsError};
 use crate::engines::EngineEvent;
 
 /// The wire format of one engine source.
@@ -19,6 +21,8 @@ pub enum SourceKind {
     Stats,
     /// SGLang's scheduler load stream: `[b"load", seq, LoadStat]`.
     SglangLoad,
+    /// vLLM's `/metrics`, scraped every `interval`: `[rank, seq, body]`.
+    VllmMetrics { interval: Duration },
 }
 
 impl SourceKind {
@@ -26,6 +30,16 @@ impl SourceKind {
         match self {
             SourceKind::Stats => "stats",
             SourceKind::SglangLoad => "sglang_load",
+            SourceKind::VllmMetrics { .. } => "vllm_metrics",
+        }
+    }
+
+    /// The largest message of this kind: `configured`
+    /// (`limits.max_message_bytes`), or a scraped body's own cap.
+    pub fn max_bytes(self, configured: usize) -> usize {
+        match self {
+            SourceKind::Stats | SourceKind::SglangLoad => configured,
+            SourceKind::VllmMetrics { .. } => vllm_metrics::MAX_BODY_BYTES + vllm_metrics::HEADER_BYTES,
         }
     }
 }
@@ -33,7 +47,7 @@ impl SourceKind {
 /// Why a source message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SourceError {
-    /// Above `limits.max_message_bytes` (all frames together).
+    /// Above the kind's limit (all frames together; see `SourceKind::max_bytes`).
     TooLarge {
         bytes: usize,
         max: usize,
@@ -47,22 +61,25 @@ pub enum SourceError {
     TooManyFrames,
     Stats(StatsError),
     Sglang(SglangError),
+    VllmMetrics(VllmMetricsError),
 }
 
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SourceError::TooLarge { bytes, max } => write!(f, "update is {bytes} bytes, above max_message_bytes {max}"),
+            SourceError::TooLarge { bytes, max } => write!(f, "update is {bytes} bytes, above the limit of {max}"),
             SourceError::Frames { got, want } => write!(f, "a message of this source is {want} frame(s), got {got}"),
             SourceError::TooManyFrames => write!(f, "a message with more frames than any source uses"),
             SourceError::Stats(e) => e.fmt(f),
             SourceError::Sglang(e) => e.fmt(f),
+            SourceError::VllmMetrics(e) => e.fmt(f),
         }
     }
 }
 
 /// Decodes one message of `kind`. `frames` is every frame received, or
-/// `None` when the message had more frames than the transport keeps.
+/// `None` when the message had more frames than the transport keeps;
+/// `max_bytes` is `limits.max_message_bytes`.
 pub fn decode_source<F: Deref<Target = [u8]>>(
     kind: SourceKind,
     frames: Option<&[F]>,
@@ -70,6 +87,7 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
 ) -> Result<EngineEvent, SourceError> {
     let frames = frames.ok_or(SourceError::TooManyFrames)?;
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
+    let max_bytes = kind.max_bytes(max_bytes);
     if bytes > max_bytes {
         return Err(SourceError::TooLarge { bytes, max: max_bytes });
     }
@@ -80,6 +98,10 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
             decode_sglang_load(topic, seq, payload).map(EngineEvent::Load).map_err(SourceError::Sglang)
         }
         (SourceKind::SglangLoad, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
+        (SourceKind::VllmMetrics { interval }, [rank, seq, body]) => {
+            decode_vllm_metrics(rank, seq, body, interval).map(EngineEvent::Load).map_err(SourceError::VllmMetrics)
+        }
+        (SourceKind::VllmMetrics { .. }, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
     }
 }
 
@@ -110,5 +132,18 @@ mod tests {
         assert_eq!(decode_source::<&[u8]>(SourceKind::Stats, None, 1024), Err(SourceError::TooManyFrames));
         let garbage = [&b"\xc1"[..]];
         assert!(matches!(decode_source(SourceKind::Stats, Some(&garbage[..]), 1024), Err(SourceError::Stats(_))));
+    }
+
+    #[test]
+    fn a_scraped_body_has_its_own_size_limit() {
+        let kind = SourceKind::VllmMetrics { interval: std::time::Duration::from_millis(250) };
+        let body = format!("# {}\nvllm:num_requests_waiting 1\nvllm:num_requests_running 2\n", "p".repeat(70_000));
+        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], body.as_bytes()];
+        let Ok(EngineEvent::Load(r)) = decode_source(kind, Some(&frames[..]), 65_536) else { panic!("refused") };
+        assert_eq!((r.rank, r.counts.waiting, r.counts.running), (7, 1, 2));
+        let big = vec![b'#'; vllm_metrics::MAX_BODY_BYTES + 1];
+        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], &big[..]];
+        assert!(matches!(decode_source(kind, Some(&frames[..]), 65_536), Err(SourceError::TooLarge { .. })));
+        assert_eq!(decode_source(kind, Some(&frames[..1]), 65_536), Err(SourceError::Frames { got: 1, want: 3 }));
     }
 }

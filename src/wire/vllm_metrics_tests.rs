@@ -1,0 +1,67 @@
+//! Unit tests of `vllm_metrics.rs`, on text rendered by vLLM's own
+//! `PrometheusStatLogger` (tests/fixtures/vllm_metrics.py).
+
+use super::*;
+
+const RANK3: &str = include_str!("../../tests/fixtures/vllm_metrics_rank3.prom");
+const TWO_ENGINES: &str = include_str!("../../tests/fixtures/vllm_metrics_two_engines.prom");
+const BEAT: Duration = Duration::from_millis(250);
+
+fn decode(rank: u32, seq: u64, body: &str) -> Result<LoadReport, VllmMetricsError> {
+    decode_vllm_metrics(&rank.to_be_bytes(), &seq.to_be_bytes(), body.as_bytes(), BEAT)
+}
+
+#[test]
+fn vllms_own_text_decodes_into_a_gauge_only_report() {
+    let r = decode(3, 9, RANK3).unwrap();
+    assert_eq!(r.rank, 3);
+    assert_eq!(r.sequence, Sequence::Restarting { seq: 9 });
+    // `vllm:num_requests_waiting` includes the deferred ones (5 + 2).
+    assert_eq!(r.counts, Counts { waiting: 7, running: 5, ..Counts::default() });
+    assert_eq!(r.kv_usage, Some(0.415));
+    assert!(!r.cumulative);
+    assert_eq!(r.heartbeat, BEAT);
+    assert_eq!((r.tokens, r.ttft_ms, r.tpot_ms), (None, None, None));
+}
+
+#[test]
+fn several_engines_behind_one_server_are_summed() {
+    let r = decode(0, 1, TWO_ENGINES).unwrap();
+    assert_eq!(r.counts, Counts { waiting: 5, running: 5, ..Counts::default() });
+    assert_eq!(r.kv_usage, Some(0.5));
+}
+
+#[test]
+fn only_the_gauges_lines_are_read() {
+    // Timestamps, comments and blank lines are the format's; other families
+    // may hold what this parser refuses.
+    let body = "# a comment\n\nother{a=\"1\",} 1\nvllm:num_requests_waiting 2 1700000000000\n\
+                vllm:num_requests_running{engine=\"0\",x=\"a}b\"} 1e1\n";
+    let r = decode(1, 1, body).unwrap();
+    assert_eq!(r.counts, Counts { waiting: 2, running: 10, ..Counts::default() });
+    assert_eq!(r.kv_usage, None);
+}
+
+#[test]
+fn bodies_without_the_gauges_or_with_bad_values_are_refused() {
+    assert_eq!(decode(0, 1, ""), Err(VllmMetricsError::Missing(WAITING)));
+    assert_eq!(decode(0, 1, "<html>\n<body>502 Bad Gateway</body>\n"), Err(VllmMetricsError::Missing(WAITING)));
+    assert_eq!(decode(0, 1, "vllm:num_requests_waiting 1\n"), Err(VllmMetricsError::Missing(RUNNING)));
+    assert_eq!(decode(0, 1, "vllm:num_requests_waiting{ 1\n"), Err(VllmMetricsError::Syntax));
+    assert_eq!(decode(0, 1, "vllm:num_requests_waiting one\n"), Err(VllmMetricsError::Syntax));
+    let negative = "vllm:num_requests_waiting -1\nvllm:num_requests_running 0\n";
+    assert_eq!(decode(0, 1, negative), Err(VllmMetricsError::Value { name: WAITING, value: -1.0 }));
+    let nan = "vllm:num_requests_waiting 1\nvllm:num_requests_running NaN\n";
+    assert!(matches!(decode(0, 1, nan), Err(VllmMetricsError::Value { name: RUNNING, .. })));
+    let huge = "vllm:num_requests_waiting 1e300\nvllm:num_requests_running 0\n";
+    assert!(matches!(decode(0, 1, huge), Err(VllmMetricsError::Value { name: WAITING, .. })));
+    assert_eq!(decode_vllm_metrics(&[0; 4], &[0; 8], b"\xff", BEAT), Err(VllmMetricsError::NotUtf8));
+    assert_eq!(decode_vllm_metrics(&[0; 2], &[0; 8], b"", BEAT), Err(VllmMetricsError::RankBytes(2)));
+    assert_eq!(decode_vllm_metrics(&[0; 4], &[0; 7], b"", BEAT), Err(VllmMetricsError::SeqBytes(7)));
+}
+
+#[test]
+fn kv_usage_is_capped_at_one() {
+    let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 1.2\n";
+    assert_eq!(decode(0, 1, body).unwrap().kv_usage, Some(1.0));
+}
