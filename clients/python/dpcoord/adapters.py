@@ -4,16 +4,18 @@ Written against the frameworks' field names only; nothing here imports vllm or
 sglang. Every reader accepts an object with attributes or a plain dict.
 
 vLLM (``vllm/v1/metrics/stats.py``): ``SchedulerStats.num_running_reqs``,
-``num_waiting_reqs`` (plus ``num_skipped_waiting_reqs`` where it exists, which
-vLLM's own ``num_requests_waiting`` gauge adds in), ``kv_cache_usage`` (named
-``gpu_cache_usage`` in older releases); ``IterationStats.finished_requests``
-(each with a ``finish_reason``: ``FinishReason`` STOP/LENGTH/ABORT/ERROR/...),
-``time_to_first_tokens_iter`` and ``time_per_output_tokens_iter`` (seconds).
+``num_waiting_reqs`` plus ``num_skipped_waiting_reqs`` (deferred; vLLM's own
+``num_requests_waiting`` gauge adds them in), ``kv_cache_usage``;
+``IterationStats.finished_requests`` (each with a ``finish_reason``: ``FinishReason``
+STOP/LENGTH/ABORT/ERROR/...), ``time_to_first_tokens_iter`` and
+``inter_token_latencies_iter`` (seconds). vLLM reports no token counts. For a
+whole deployment without code, use the stat-logger plugin (:mod:`dpcoord.vllm_plugin`).
 
-SGLang: the DP load report ``GetLoadReqOutput`` (``dp_rank``, ``num_reqs`` =
-running + waiting, ``num_waiting_reqs``, ``num_tokens``; ``num_pages`` in some
-releases), or the metrics ``SchedulerStats`` (``num_running_reqs``,
-``num_queue_reqs``, ``num_used_tokens``, ``token_usage``).
+SGLang (0.5.23): the per-rank ``LoadSnapshot`` (``num_running_reqs``,
+``num_waiting_reqs``, ``num_used_tokens`` = KV in use, ``num_total_tokens`` = KV in
+use + queued, ``token_usage``), or the metrics ``SchedulerStats``
+(``num_running_reqs`` and ``num_queue_reqs`` are ``QueueCount(total, by_priority)``,
+``num_used_tokens``, ``token_usage``).
 
 Neither framework counts requests received/finished/failed per boot in those
 structures, so the engine keeps an :class:`EngineCounters` (hooked where
@@ -168,12 +170,12 @@ def _publish_kwargs(
 
 def vllm_count_iteration(counters: EngineCounters, iteration_stats: Any) -> None:
     """Folds one vLLM ``IterationStats`` into ``counters``: finished requests by
-    ``finish_reason``, TTFT and TPOT samples (seconds -> ms)."""
+    ``finish_reason``, TTFT and inter-token latency samples (seconds -> ms)."""
     for req in field(iteration_stats, "finished_requests", default=()):
         counters.on_done(field(req, "finish_reason"))
     for s in field(iteration_stats, "time_to_first_tokens_iter", default=()):
         counters.observe_ttft_ms(s * 1000.0)
-    for s in field(iteration_stats, "time_per_output_tokens_iter", default=()):
+    for s in field(iteration_stats, "inter_token_latencies_iter", default=()):
         counters.observe_tpot_ms(s * 1000.0)
 
 
@@ -212,32 +214,34 @@ def is_sglang_health_check(rid: Any) -> bool:
     return isinstance(rid, str) and rid.startswith(SGLANG_HEALTH_CHECK_RID_PREFIX)
 
 
+def count(value: Any) -> int:
+    """A request count that may be SGLang's ``QueueCount(total, by_priority)`` or a plain int."""
+    return int(field(value, "total", default=0)) if hasattr(value, "total") or isinstance(value, Mapping) else int(value)
+
+
 def sglang_publish_kwargs(
     load: Any,
     counters: EngineCounters,
     *,
     waiting_tokens: int | None = None,
-    page_size: int | None = None,
     kv_usage: float | None = None,
 ) -> dict[str, Any]:
     """The :meth:`StatsPublisher.publish` arguments for an SGLang load report.
 
-    ``load`` is a ``GetLoadReqOutput`` (``num_reqs`` counts running + waiting) or
-    the metrics ``SchedulerStats`` (``num_running_reqs``, ``num_queue_reqs``).
-    Tokens: ``num_used_tokens`` (running), else ``num_tokens`` (SGLang sums the
-    running batch's KV tokens and the queued prompts into it), else ``num_pages *
-    page_size``; reported as ``running_tokens``, with ``waiting_tokens`` as given
-    (default 0). dpcoord's ``least_tokens`` policy sums the two, so the split does
-    not change routing."""
-    waiting = int(field(load, "num_waiting_reqs", "num_queue_reqs", default=0))
-    running = field(load, "num_running_reqs")
-    if running is None:
-        running = max(0, int(field(load, "num_reqs", default=0)) - waiting)
-    running = int(running)
-    total = field(load, "num_used_tokens", "num_tokens")
-    if total is None and page_size is not None and field(load, "num_pages") is not None:
-        total = int(field(load, "num_pages")) * page_size
-    tokens = None if total is None else (int(waiting_tokens or 0), int(total))
+    ``load`` is a ``LoadSnapshot`` or the metrics ``SchedulerStats`` (whose request
+    counts are ``QueueCount`` objects). Tokens: from a ``LoadSnapshot``,
+    ``[num_total_tokens - num_used_tokens, num_used_tokens]`` (queued, KV in use),
+    which sums to SGLang's own ``total_tokens`` load; from ``SchedulerStats``,
+    which has no queued tokens, ``[waiting_tokens (default 0), num_used_tokens]``."""
+    waiting = count(field(load, "num_waiting_reqs", "num_queue_reqs", default=0))
+    running = count(field(load, "num_running_reqs", default=0))
+    used = field(load, "num_used_tokens")
+    total = field(load, "num_total_tokens")
+    if total is not None:
+        used = min(int(used or 0), int(total))
+        tokens: tuple[int, int] | None = (int(total) - used, used)
+    else:
+        tokens = None if used is None else (int(waiting_tokens or 0), int(used))
     kv_usage = kv_usage if kv_usage is not None else field(load, "token_usage")
     return _publish_kwargs(counters, waiting, running, tokens, kv_usage)
 
@@ -245,6 +249,5 @@ def sglang_publish_kwargs(
 def publish_sglang(publisher: StatsPublisher, load: Any, counters: EngineCounters, **options: Any) -> dict[str, Any]:
     """Publishes one update from an SGLang scheduler's load report; returns what was sent.
 
-    ``options`` are :func:`sglang_publish_kwargs`'s keywords (``waiting_tokens``,
-    ``page_size``, ``kv_usage``)."""
+    ``options`` are :func:`sglang_publish_kwargs`'s keywords (``waiting_tokens``, ``kv_usage``)."""
     return publisher.publish(**sglang_publish_kwargs(load, counters, **options))

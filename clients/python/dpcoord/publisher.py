@@ -153,6 +153,15 @@ class StatsPublisher:
             self.boot, self.seq, self._last = new, 0, {}
             return new
 
+    def resume(self, boot: int, seq: int, counters: Sequence[int] = (0, 0, 0)) -> None:
+        """Continues a sequence that another publisher of the same rank sent: the
+        next update carries ``boot`` and ``seq + 1``, and ``counters``
+        (``received, finished, failed``) are the floor its counters are checked against.
+        Several processes publishing one rank in turn (vLLM's API servers) stay one incarnation."""
+        with self._lock:
+            self.boot, self.seq = _uint("boot", boot), _uint("seq", seq)
+            self._last = dict(zip(COUNTERS, (_uint(n, c) for n, c in zip(COUNTERS, counters))))
+
     def close(self) -> None:
         self._sock.close()
 

@@ -2,12 +2,14 @@
 
 Two hooks, written against the frameworks' names without importing them:
 
-* ``DpcoordStatLogger`` has the shape of vLLM's ``StatLoggerBase``
+* ``DpcoordStatLogger`` has the shape of vLLM's ``StatLoggerBase`` (for code that
+  builds its own ``AsyncLLM``; a ``vllm serve`` deployment needs none of this: the
+  package's stat-logger plugin, ``dpcoord.vllm_plugin``, is loaded by vLLM itself)
   (``vllm/v1/metrics/loggers.py``): vLLM calls ``record(scheduler_stats,
   iteration_stats, ...)`` once per engine step, per engine. Pass a factory to
   ``AsyncLLM(..., stat_loggers=[factory])``; vLLM calls ``factory(vllm_config,
   engine_index)`` once per DP engine, so each logger publishes one rank.
-* ``SglangLoadHook``: call it with each ``GetLoadReqOutput`` (or metrics
+* ``SglangLoadHook``: call it with each ``LoadSnapshot`` (or metrics
   ``SchedulerStats``) an SGLang scheduler produces for its DP rank.
 
 Run as a script, it drives a toy engine so the loop can be watched against a
@@ -125,7 +127,7 @@ class ToyEngine:
         return SimpleNamespace(
             finished_requests=self._finished,
             time_to_first_tokens_iter=[0.05 + self.rng.random() * 0.05 for _ in self._finished],
-            time_per_output_tokens_iter=[0.01 + self.rng.random() * 0.01],
+            inter_token_latencies_iter=[0.01 + self.rng.random() * 0.01],
         )
 
 

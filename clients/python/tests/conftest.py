@@ -6,11 +6,14 @@ The binary is ``$DPCOORD_BIN`` when set, else it is built once per session with
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -238,3 +241,43 @@ def bring_up(daemon: Daemon, engines_factory, ranks: list[int], **kw: Any) -> En
     e = engines_factory(daemon.stats, ranks, **kw)
     eventually(f"ranks {ranks} up", lambda: all(daemon.statuses()[r] == "up" for r in ranks))
     return e
+
+
+# -- the compatibility suite (tests/compat) --------------------------------------------
+# dpcoord's vLLM plugin and SGLang adapter against the real vllm==0.33.0 and
+# sglang==0.5.23 (installed with --no-deps plus tests/compat/requirements.txt, as
+# .ci/test does). A missing or different package fails those tests: nothing is
+# skipped, and nothing is installed from here.
+
+PINNED = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
+@pytest.fixture(scope="session")
+def real():
+    """The real engine modules, imported with stand-ins for torch and the other heavy imports."""
+    for name, version in PINNED.items():
+        try:
+            found = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"{name}=={version} is not installed: run .ci/test (pip install --no-deps -r tests/compat/requirements.txt)")
+        if found != version:
+            pytest.fail(f"{name} {found} is installed; this suite is written against {name}=={version}")
+    sys.path.insert(0, str(Path(__file__).parent / "compat"))
+    import standins
+
+    standins.install()
+    try:
+        mods = {
+            name: importlib.import_module(name)
+            for name in (
+                "vllm.v1.metrics.loggers",
+                "vllm.v1.metrics.stats",
+                "vllm.v1.engine",
+                "sglang.srt.managers.load_snapshot",
+                "sglang.srt.observability.metrics_collector",
+            )
+        }
+    except Exception as e:  # an import the stand-ins or requirements.txt do not cover
+        pytest.fail(f"importing the real engine modules failed: {e!r}")
+    yield mods
+    standins.uninstall()

@@ -72,7 +72,7 @@ def test_vllm_scheduler_stats_mapping():
             SimpleNamespace(finish_reason=FinishReason.ERROR),
         ],
         time_to_first_tokens_iter=[0.1, 0.3],
-        time_per_output_tokens_iter=[0.02, 0.04, 0.03],
+        inter_token_latencies_iter=[0.02, 0.04, 0.03],
     )
     vllm_count_iteration(c, it)
     # Older releases: gpu_cache_usage; newer: skipped waiting requests also wait.
@@ -101,19 +101,15 @@ def test_counters_received_counts_explicit_arrivals():
 
 def test_sglang_load_mapping():
     c = EngineCounters()
-    # GetLoadReqOutput: num_reqs counts running and waiting; num_tokens both queues.
-    load = SimpleNamespace(dp_rank=1, num_reqs=5, num_waiting_reqs=2, num_tokens=900)
+    # LoadSnapshot: num_total_tokens is KV in use (num_used_tokens) plus queued.
+    load = SimpleNamespace(dp_rank=1, num_running_reqs=3, num_waiting_reqs=2, num_used_tokens=700, num_total_tokens=900)
     assert sglang_publish_kwargs(load, c) == dict(
-        waiting=2, running=3, received=5, finished=0, failed=0, tokens=(0, 900), kv_usage=None, ttft_ms=None, tpot_ms=None
+        waiting=2, running=3, received=5, finished=0, failed=0, tokens=(200, 700), kv_usage=None, ttft_ms=None, tpot_ms=None
     )
-    # Releases that report pages instead of tokens.
-    paged = {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0, "num_pages": 4}
-    assert sglang_publish_kwargs(paged, c)["tokens"] is None
-    assert sglang_publish_kwargs(paged, c, page_size=16)["tokens"] == (0, 64)
-    # The metrics SchedulerStats.
+    # The metrics SchedulerStats (counts may be QueueCount-like objects or ints).
     c.on_done(FINISH_ABORT())
     c.on_done(FINISH_LENGTH())
-    stats = SimpleNamespace(num_running_reqs=4, num_queue_reqs=1, num_used_tokens=500, token_usage=0.3, gen_throughput=99.0)
+    stats = SimpleNamespace(num_running_reqs=SimpleNamespace(total=4, by_priority=None), num_queue_reqs=1, num_used_tokens=500, token_usage=0.3, gen_throughput=99.0)
     kw = sglang_publish_kwargs(stats, c, waiting_tokens=120)
     assert kw == dict(
         waiting=1, running=4, received=7, finished=1, failed=1, tokens=(120, 500), kv_usage=0.3, ttft_ms=None, tpot_ms=None
@@ -127,13 +123,13 @@ def test_adapters_publish_to_a_real_dpcoord(start_daemon):
     c0, c1 = EngineCounters(), EngineCounters()
     c0.on_finished(4)
     vstats = SimpleNamespace(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.4)
-    sload = SimpleNamespace(dp_rank=1, num_reqs=6, num_waiting_reqs=4, num_tokens=1234)
+    sload = SimpleNamespace(dp_rank=1, num_running_reqs=2, num_waiting_reqs=4, num_used_tokens=1000, num_total_tokens=1234)
 
     def applied():
         sent0 = publish_vllm(p0, vstats, c0)
         sent1 = publish_sglang(p1, sload, c1)
         assert sent0["counts"] == [1, 2, 7, 4, 0] and sent0["kv_usage"] == 0.4
-        assert sent1["counts"] == [4, 2, 6, 0, 0] and sent1["tokens"] == [0, 1234]
+        assert sent1["counts"] == [4, 2, 6, 0, 0] and sent1["tokens"] == [234, 1000]
         ranks = d.state()["ranks"]
         return [(r["status"], r["counts"]) for r in ranks] == [("up", [1, 2, 7, 4, 0]), ("up", [4, 2, 6, 0, 0])]
 

@@ -55,7 +55,7 @@ def test_engine_publisher_loop_and_sglang_hook(start_daemon):
         hook.on_request(rid)
     hook.on_finish("a", SimpleNamespace(to_json=lambda: {"type": "length"}))
     hook.on_finish("HEALTH_CHECK_abc", None)
-    load_report = SimpleNamespace(dp_rank=1, num_reqs=2, num_waiting_reqs=1, num_tokens=64)
+    load_report = SimpleNamespace(dp_rank=1, num_running_reqs=1, num_waiting_reqs=1, num_used_tokens=48, num_total_tokens=64)
     eventually(
         "rank 1 from the SGLang hook",
         lambda: hook.on_load(load_report) and d.state()["ranks"][1]["counts"] == [1, 1, 3, 1, 0],

@@ -1,0 +1,149 @@
+"""One DP rank's publication state, shared by every stat logger that reports it.
+
+vLLM builds a stat logger for every engine in every API server, and hands each
+engine step's stats to one of them (the first API server with output in that
+step, API server 0 when there is none), and nothing at all while the engine is
+idle. So the loggers of one rank share one :class:`RankLedger`: one ``boot``,
+one rising ``seq``, counters summed over all API servers, the last gauges any of
+them received. :class:`SharedLedger` keeps it in a small file under an exclusive
+``flock``; :class:`RankLedger` itself does no I/O.
+
+Aborts. A request a client aborts leaves the engine without a finish reason
+(vLLM's ``OutputProcessor.abort_requests`` never reaches ``IterationStats``). The
+ledger counts as aborted, so as ``failed``, each request it saw queued or running
+in the engine that left it with no finish reported to any API server within
+``grace_s`` (the grace covers another API server's report of the same step
+arriving a little later). A request finished by a stop string in the API server
+can still be listed by the engine for a step or two: ``overlap`` keeps it from
+being counted twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterator
+
+#: latency samples kept for the ``ttft_ms`` / ``tpot_ms`` means
+WINDOW = 64
+
+
+@dataclass
+class RankLedger:
+    boot: int
+    seq: int = 0
+    received: int = 0
+    finished: int = 0
+    failed: int = 0
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float | None = None
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    #: requests counted finished that the last gauges still listed in the engine
+    overlap: int = 0
+    #: when the current unexplained departure was first seen (wall clock, s)
+    gone_since: float | None = None
+    #: the logger that repeats the last gauges on the timer, and until when it holds that role
+    holder: str | None = None
+    lease_until: float = 0.0
+    #: when any logger last sent an update for this rank
+    last_sent: float = 0.0
+
+    @property
+    def in_engine(self) -> int:
+        return self.waiting + self.running
+
+    def observe(
+        self,
+        now: float,
+        gauges: tuple[int, int, float | None] | None = None,
+        finished: int = 0,
+        failed: int = 0,
+        ttft_ms: tuple[float, ...] = (),
+        tpot_ms: tuple[float, ...] = (),
+        grace_s: float = 1.0,
+    ) -> None:
+        """Folds one ``record()``: the engine's ``(waiting, running, kv_usage)``
+        when this step's stats came here, and the requests this API server saw finish."""
+        if gauges is not None:
+            waiting, running, _ = gauges
+            # Everything listed in the engine was received (less what already counts as finished).
+            self.received = max(self.received, self.finished + self.failed + waiting + running - self.overlap)
+        self.finished += finished
+        self.failed += failed
+        if gauges is not None:
+            self.waiting, self.running, self.kv_usage = gauges
+            self.overlap = max(0, self.finished + self.failed + self.in_engine - self.received)
+        self.received = max(self.received, self.finished + self.failed)
+        self.ttft = (self.ttft + list(ttft_ms))[-WINDOW:]
+        self.tpot = (self.tpot + list(tpot_ms))[-WINDOW:]
+        self.settle(now, grace_s)
+
+    def settle(self, now: float, grace_s: float = 1.0) -> None:
+        """Counts as failed the requests gone from the engine with no finish for ``grace_s``."""
+        gone = self.received - self.finished - self.failed - self.in_engine
+        if gone <= 0:
+            self.gone_since = None
+        elif self.gone_since is None:
+            self.gone_since = now
+        elif now - self.gone_since >= grace_s:
+            self.failed += gone
+            self.gone_since = None
+
+    def publish_kwargs(self) -> dict[str, Any]:
+        """:meth:`StatsPublisher.publish`'s arguments; no ``tokens`` (vLLM reports none)."""
+        return dict(
+            waiting=self.waiting,
+            running=self.running,
+            received=self.received,
+            finished=self.finished,
+            failed=self.failed,
+            kv_usage=None if self.kv_usage is None else min(1.0, max(0.0, float(self.kv_usage))),
+            ttft_ms=sum(self.ttft) / len(self.ttft) if self.ttft else None,
+            tpot_ms=sum(self.tpot) / len(self.tpot) if self.tpot else None,
+        )
+
+    def claim_timer(self, who: str, now: float, lease_s: float) -> bool:
+        """Whether ``who`` repeats this rank's gauges now: the holder renews its lease;
+        anyone takes a lease that has lapsed (its holder stopped ticking)."""
+        if self.holder == who or self.holder is None or now >= self.lease_until:
+            self.holder, self.lease_until = who, now + lease_s
+            return True
+        return False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RankLedger":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+
+
+class SharedLedger:
+    """A :class:`RankLedger` in a file, read and written under an exclusive lock.
+
+    The first opener creates it with ``boot`` = now in ms, so a deployment started
+    later (a new file) always has a higher boot."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    @contextmanager
+    def locked(self) -> Iterator[RankLedger]:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            text = f.read()
+            ledger = RankLedger.from_json(text) if text.strip() else RankLedger(boot=time.time_ns() // 1_000_000)
+            yield ledger
+            f.seek(0)
+            f.truncate()
+            f.write(ledger.to_json())
+            f.flush()
