@@ -17,12 +17,13 @@ from conftest import eventually
 
 @pytest.fixture
 def plugin(real, monkeypatch, tmp_path):
-    """``plugin(endpoint, api_servers=1)``: one vLLM ``PerEngineStatLoggerAdapter`` per API
-    server, each built by vLLM from the factory its plugin loader found, for engine 0."""
+    """``plugin(endpoint, api_servers=1, engines=1)``: one vLLM ``PerEngineStatLoggerAdapter``
+    per API server, each built by vLLM from the factory its plugin loader found, for
+    engines ``0..engines``."""
     loggers_mod = real["vllm.v1.metrics.loggers"]
     made = []
 
-    def make(endpoint: str, api_servers: int = 1, **env: str):
+    def make(endpoint: str, api_servers: int = 1, engines: int = 1, **env: str):
         monkeypatch.setenv("DPCOORD_STATS_ENDPOINT", endpoint)
         monkeypatch.setenv("DPCOORD_STATE_DIR", str(tmp_path / "ledgers"))
         monkeypatch.setenv("DPCOORD_GROUP", uuid.uuid4().hex)
@@ -34,7 +35,9 @@ def plugin(real, monkeypatch, tmp_path):
         assert factories == [DpcoordStatLogger], factories
         config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=api_servers))
         servers = [
-            loggers_mod.PerEngineStatLoggerAdapter(config, [0], per_engine_stat_logger_factory=factories[0])
+            loggers_mod.PerEngineStatLoggerAdapter(
+                config, list(range(engines)), per_engine_stat_logger_factory=factories[0]
+            )
             for _ in range(api_servers)
         ]
         for s in servers:
@@ -67,21 +70,23 @@ def test_plugin_is_a_vllm_stat_logger_found_by_vllm(real):
     assert factory.__module__ == "dpcoord.vllm_plugin"
 
 
-def test_idle_rank_stays_up_for_10_s(real, plugin, start_daemon):
-    d = start_daemon("--dp-size", "1")  # liveness at the defaults: stale after 1 s, down after 3 s
-    [server] = plugin(d.stats)
-    server.record(sched(real, running=1, kv=0.1), None, engine_idx=0)
-    eventually("rank 0 up", lambda: d.statuses() == ["up"])
-    server.record(sched(real), finished(real, real["vllm.v1.engine"].FinishReason.STOP), engine_idx=0)
+def test_eight_idle_ranks_stay_up_for_10_s(real, plugin, start_daemon):
+    d = start_daemon("--dp-size", "8")  # liveness at the defaults: stale after 1 s, down after 3 s
+    [server] = plugin(d.stats, engines=8)
+    for engine in range(8):
+        server.record(sched(real, running=1, kv=0.1), None, engine_idx=engine)
+    eventually("all 8 ranks up", lambda: d.statuses() == ["up"] * 8)
+    for engine in range(8):
+        server.record(sched(real), finished(real, real["vllm.v1.engine"].FinishReason.STOP), engine_idx=engine)
     seen = set()
     end = time.monotonic() + 10.0
-    while time.monotonic() < end:  # the engine is idle: vLLM calls record() no more
-        rank = d.state()["ranks"][0]
-        seen.add(rank["status"])
-        assert rank["age_ms"] < 1000, rank
+    while time.monotonic() < end:  # the engines are idle: vLLM calls record() no more
+        ranks = d.state()["ranks"]
+        seen.update(r["status"] for r in ranks)
+        assert all(r["age_ms"] < 1000 for r in ranks), ranks
         time.sleep(0.2)
     assert seen == {"up"}
-    assert d.state()["ranks"][0]["counts"] == [0, 0, 1, 1, 0]
+    assert [r["counts"] for r in d.state()["ranks"]] == [[0, 0, 1, 1, 0]] * 8
 
 
 def test_two_api_servers_publish_one_rank_without_stale_drops(real, plugin, start_daemon):
