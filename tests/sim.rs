@@ -125,6 +125,49 @@ fn every_scenario_runs_every_policy_and_loses_nothing() {
     let elastic = std::fs::read_to_string(out.path().join("elastic.txt")).unwrap();
     assert!(elastic.contains("zero requests lost in every arm\n"), "{elastic}");
     assert!(out.path().join("elastic.svg").is_file());
+    let pending = std::fs::read_to_string(out.path().join("pending.txt")).unwrap();
+    assert!(pending.contains("zero requests lost in every arm\n"), "{pending}");
+    assert!(out.path().join("pending.svg").is_file());
+}
+
+#[test]
+fn pending_exact_counters_match_the_truth_reconciling_never_misses_and_overwriting_never_double_counts() {
+    let out = tempfile::tempdir().unwrap();
+    let r = sim(out.path(), &["pending", "--prompts", "40"]);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    // frontends, arm, completed, lost, std, double, missed, max 2x, max 0x, input tok/s,
+    // ttft p50, ttft p99, placements x 8.
+    for frontends in ["1", "4", "16"] {
+        for arm in ["exact", "reconcile", "overwrite"] {
+            let cells = row(&r.stdout, frontends, arm);
+            assert_eq!(cells[2..4], ["160", "0"], "{frontends} {arm}: 160 completed, 0 lost");
+            assert_eq!(cells.len(), 12 + 8, "{frontends} {arm}: one placement count per rank");
+            let placed: u64 = cells[12..].iter().map(|c| c.parse::<u64>().unwrap()).sum();
+            assert_eq!(placed, 160, "{frontends} {arm}: one placement per request");
+            // By construction: with `received` pending is exact; a placement is
+            // acknowledged by time only after its hop (20-50 ms < 100 ms), so
+            // reconciling never counts one nowhere; overwriting acknowledges at
+            // the next snapshot, so it never counts one twice.
+            let (double, missed) = ((cells[5], cells[7]), (cells[6], cells[8]));
+            match arm {
+                "exact" => assert_eq!((double, missed), (("0.000", "0"), ("0.000", "0")), "{frontends} exact"),
+                "reconcile" => assert_eq!(missed, ("0.000", "0"), "{frontends} reconcile"),
+                _ => assert_eq!(double, ("0.000", "0"), "{frontends} overwrite"),
+            }
+        }
+    }
+    for line in [
+        "exact: pending equals the truth at every check: holds",
+        "reconcile: no placement counted nowhere (missed 0): holds",
+        "overwrite: no placement counted twice (double 0): holds",
+        "zero requests lost in every arm",
+    ] {
+        assert!(r.stdout.lines().any(|l| l == line), "missing {line:?} in:\n{}", r.stdout);
+    }
+    let text = std::fs::read_to_string(out.path().join("pending.txt")).unwrap();
+    assert!(r.stdout.starts_with(&text), "the written report is what was printed");
+    let svg = std::fs::read_to_string(out.path().join("pending.svg")).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 9 * 2 * 8, "3 frontend counts x 3 arms x 2 panels x 8 ranks");
 }
 
 #[test]

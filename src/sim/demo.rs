@@ -20,7 +20,7 @@ use crate::sim::net::NetError;
 use crate::sim::record::{std_dev, Live, Recorder};
 use crate::sim::report::thousands;
 use crate::sim::workload::{Lengths, Load};
-use crate::sim::world::{self, ArmSpec, Probe};
+use crate::sim::world::{self, ArmSpec, Handoff, Probe};
 use crate::sim::SimError;
 use crate::wire::StateView;
 
@@ -55,6 +55,7 @@ fn workload() -> ArmSpec {
         speed: 1.0,
         sync: false,
         sample_every: 1_000_000,
+        handoff: Handoff::default(),
         horizon: u64::MAX,
     }
 }

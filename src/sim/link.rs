@@ -2,18 +2,23 @@
 //! frontend replica, the prober's socket (on the health socket, or on the
 //! route socket for a frontend that mixes health and user traffic), an
 //! observer on the health socket for `state` and `resize`, and a stats PUB
-//! per engine. Only the engines inside dpcoord's table publish: one started
-//! before the operator's `resize` takes it in would have its updates dropped.
+//! per engine, or, when dpcoord subscribes to SGLang load streams, a load
+//! PUB each engine binds. Only the engines inside dpcoord's table publish:
+//! one started before the operator's `resize` takes it in would have its
+//! updates dropped.
 //!
 //! **Sync mode** (for reproducible runs): before each user placement the
 //! link polls `state` until dpcoord shows the counts the engines last
 //! published, so a load-aware policy decides on the same facts in every run.
-//! `state` on the health socket changes no user routing state.
+//! `state` on the health socket changes no user routing state. With load
+//! streams, whose counts may repeat, it also waits until dpcoord has taken
+//! every message sent (its `dpcoord_stats_messages_total`).
 
 use std::time::{Duration, Instant};
 
-use super::model::SimEngine;
+use super::model::{Micros, SimEngine};
 use super::net::{Answer, Endpoints, NetError, Rpc, StatsPub};
+use super::publisher::{LoadPub, Publisher};
 
 /// Engines re-send their stats at least this often (real time), as liveness.
 const HEARTBEAT: Duration = Duration::from_millis(25);
@@ -36,7 +41,11 @@ pub struct Link {
     prober: Rpc,
     via: ProbeVia,
     observer: Rpc,
-    pubs: Vec<StatsPub>,
+    pubs: Vec<Publisher>,
+    /// dpcoord's registry, whose message counter a load-stream sync waits on.
+    registry: Option<prometheus::Registry>,
+    /// `(taken, sent)` when the sync's count started.
+    counted_from: (u64, u64),
     /// Ranks in dpcoord's table (0..ranks); engines above publish nothing.
     ranks: u32,
     dead: Vec<bool>,
@@ -66,7 +75,9 @@ impl Link {
             prober: Rpc::connect(&ctx, prober_ep)?,
             via,
             observer: Rpc::connect(&ctx, &eps.health)?,
-            pubs: (0..engines).map(|r| StatsPub::connect(&ctx, &eps.stats, r, boot)).collect::<Result<_, _>>()?,
+            pubs: (0..engines).map(|r| publisher(&ctx, eps, r, boot)).collect::<Result<_, _>>()?,
+            registry: None,
+            counted_from: (0, 0),
             ranks: engines,
             dead: vec![false; engines as usize],
             sync,
@@ -86,12 +97,19 @@ impl Link {
         self
     }
 
+    /// Lets a load-stream sync read dpcoord's message counter.
+    pub fn with_registry(mut self, registry: prometheus::Registry) -> Link {
+        self.registry = Some(registry);
+        self
+    }
+
     /// Publishes until dpcoord shows every rank of its table, the first
     /// `ranks` engines, `up` (PUB drops what is sent before the subscription
     /// is wired); the table's epoch then.
     pub fn bring_up(&mut self, engines: &[SimEngine], ranks: u32) -> Result<u64, NetError> {
         self.ranks = ranks;
         self.wait_up(engines)?;
+        self.settle();
         self.observer.epoch()
     }
 
@@ -99,7 +117,7 @@ impl Link {
         let Link { observer, pubs, ttft, ranks, .. } = self;
         observer.wait_all_up(BRING_UP, || {
             for (p, e) in pubs.iter_mut().zip(engines).take(*ranks as usize) {
-                p.publish(e.counts(), e.tokens(), e.ttft_ms().filter(|_| *ttft))?;
+                p.send(e, e.ttft_ms().filter(|_| *ttft), 0)?;
             }
             Ok(())
         })?;
@@ -153,8 +171,36 @@ impl Link {
         if self.dead[r] || rank >= self.ranks {
             return Ok(());
         }
+        if self.pubs[r].is_load() {
+            return Ok(());
+        }
         self.dirty = true;
-        self.pubs[r].publish(e.counts(), e.tokens(), e.ttft_ms().filter(|_| self.ttft))
+        self.pubs[r].send(e, e.ttft_ms().filter(|_| self.ttft), 0)
+    }
+
+    /// The load publishers' throttled call at virtual time `now`, for every
+    /// live rank in dpcoord's table.
+    pub fn call_load(&mut self, engines: &[SimEngine], now: Micros) -> Result<(), NetError> {
+        for (rank, e) in engines.iter().enumerate().take(self.ranks as usize) {
+            if !self.dead[rank] {
+                let before = self.pubs[rank].sent;
+                self.pubs[rank].call(e, now)?;
+                self.dirty |= self.pubs[rank].sent > before;
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine's `received` in rank `rank`'s last message: the placements
+    /// that dpcoord's latest report of the rank includes.
+    pub fn reported_received(&self, rank: u32) -> u64 {
+        self.pubs[rank as usize].received
+    }
+
+    /// dpcoord's `pending` per rank once it has the stats sent (in sync mode).
+    pub fn pending(&mut self) -> Result<Vec<u64>, NetError> {
+        self.sync()?;
+        Ok(self.observer.state()?.iter().map(|r| r.pending).collect())
     }
 
     /// A dead rank publishes nothing more.
@@ -181,7 +227,7 @@ impl Link {
         let start = Instant::now();
         loop {
             let seen = self.observer.state()?;
-            if seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.last) {
+            if seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.shown()) && self.all_taken() {
                 self.dirty = false;
                 return Ok(());
             }
@@ -191,5 +237,54 @@ impl Link {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+}
+
+impl Link {
+    /// Messages dpcoord has taken from every source, if it lends its registry.
+    fn taken(&self) -> Option<u64> {
+        let families = self.registry.as_ref()?.gather();
+        let f = families.iter().find(|f| f.name() == "dpcoord_stats_messages_total")?;
+        Some(f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).sum())
+    }
+
+    fn sent(&self) -> u64 {
+        self.pubs.iter().map(|p| p.sent).sum()
+    }
+
+    /// Starts the message count once the bring-up's messages have landed
+    /// (a PUB drops what it sends before the subscription is wired).
+    fn settle(&mut self) {
+        if !self.pubs.iter().any(Publisher::is_load) {
+            return;
+        }
+        let mut last = self.taken();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.taken();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        self.counted_from = (last.unwrap_or(0), self.sent());
+    }
+
+    /// Whether dpcoord has taken every load message sent since the count started.
+    fn all_taken(&self) -> bool {
+        if !self.pubs.iter().any(Publisher::is_load) {
+            return true;
+        }
+        let (taken, sent) = self.counted_from;
+        self.taken().map_or(true, |t| t.saturating_sub(taken) >= self.sent() - sent)
+    }
+}
+
+/// Engine `rank`'s publisher: a load PUB it binds when dpcoord subscribes to
+/// load streams, else a `StatsUpdate` PUB to dpcoord's stats bind.
+fn publisher(ctx: &zmq::Context, eps: &Endpoints, rank: u32, boot: u64) -> Result<Publisher, NetError> {
+    match eps.load.get(rank as usize) {
+        Some(ep) => Ok(Publisher::load(LoadPub::bind(ctx, ep)?, rank)),
+        None => Ok(Publisher::stats(StatsPub::connect(ctx, &eps.stats, rank, boot)?, rank)),
     }
 }

@@ -54,6 +54,10 @@ pub struct DaemonSettings {
     pub down_after_ms: u64,
     pub tick_ms: u64,
     pub pending_ttl_ms: u64,
+    pub pending_transit_ms: u64,
+    /// Engines publish SGLang load streams, one PUB per rank, which dpcoord
+    /// subscribes to (`engines.sglang_load_connect`), instead of `StatsUpdate`.
+    pub sglang_load: bool,
     /// `HOST:PORT` of the HTTP listener.
     pub metrics_bind: String,
 }
@@ -68,6 +72,8 @@ impl DaemonSettings {
             down_after_ms: keys::DOWN_AFTER_MS.default,
             tick_ms: keys::TICK_MS.default,
             pending_ttl_ms: keys::PENDING_TTL_MS.default,
+            pending_transit_ms: keys::PENDING_TRANSIT_MS.default,
+            sglang_load: false,
             metrics_bind: keys::METRICS_BIND.default.into(),
         }
     }
@@ -87,6 +93,11 @@ impl DaemonSettings {
         keys::POLICY.key.set(&mut t, s(&self.policy));
         keys::TICK_MS.key.set(&mut t, i(self.tick_ms));
         keys::PENDING_TTL_MS.key.set(&mut t, i(self.pending_ttl_ms));
+        keys::PENDING_TRANSIT_MS.key.set(&mut t, i(self.pending_transit_ms));
+        if !eps.load.is_empty() {
+            let load = eps.load.iter().map(|ep| s(ep)).collect();
+            keys::SGLANG_LOAD_CONNECT.key.set(&mut t, toml::Value::Array(load));
+        }
         Ok(Config::from_table(t)?)
     }
 }
@@ -108,7 +119,8 @@ impl Local {
     pub fn start(settings: &DaemonSettings, what: &str) -> Result<Local, SimError> {
         let dir = PrivateDir::create(what)?;
         let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
-        let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats") };
+        let load = (0..settings.ranks).filter(|_| settings.sglang_load).map(|r| ep(&format!("load-{r}"))).collect();
+        let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats"), load };
         let config = settings.config(&eps)?;
         // A reload re-reads the run's own configuration: nothing changes.
         let fixed = config.clone();
@@ -158,9 +170,18 @@ mod tests {
 
     #[test]
     fn settings_become_a_checked_config() {
-        let eps = Endpoints { route: "ipc:///x/r".into(), health: "ipc:///x/h".into(), stats: "ipc:///x/s".into() };
+        let (route, health, stats) = ("ipc:///x/r".into(), "ipc:///x/h".into(), "ipc:///x/s".into());
+        let mut eps = Endpoints { route, health, stats, load: Vec::new() };
         let c = DaemonSettings::defaults(4, "round_robin").config(&eps).unwrap();
         assert_eq!((c.settings.engines.dp_size, c.server.stats_bind.as_deref()), (4, Some("ipc:///x/s")));
+        assert_eq!(c.settings.routing.pending_transit, std::time::Duration::from_millis(100));
+        eps.load = vec!["ipc:///x/l0".into()];
+        let snapshots = DaemonSettings { pending_transit_ms: 0, ..DaemonSettings::defaults(4, "round_robin") };
+        let c = snapshots.config(&eps).unwrap();
+        assert_eq!(
+            (c.server.sglang_load_connect, c.settings.routing.pending_transit),
+            (eps.load.clone(), std::time::Duration::ZERO)
+        );
         let bad = DaemonSettings { down_after_ms: 10, ..DaemonSettings::defaults(4, "round_robin") };
         assert!(matches!(bad.config(&eps), Err(SimError::Config(e)) if e.key == "engines.down_after_ms"));
         assert!(DaemonSettings::defaults(4, "nope").config(&eps).is_err());

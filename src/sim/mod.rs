@@ -11,12 +11,15 @@
 //! - `model`: one rank's scheduler and step-time model (pure)
 //! - `cluster`: ranks stepping on their own or in lockstep
 //! - `workload`: frontends (closed or open loop), seeded lengths
-//! - `net`, `link`: the ZeroMQ peers (stats, routes, probes, `resize`)
-//! - `world`: the discrete-event loop
+//! - `net`, `link`, `publisher`: the ZeroMQ peers (stats or SGLang load
+//!   streams, routes, probes, `resize`)
+//! - `spec`, `world`: what defines a run; the discrete-event loop
 //! - `record`, `phase`, `report`, `svg`: results, phases between resizes, text, chart
 //! - `local`: an in-process daemon on private endpoints
 //! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
 //! - `elastic`: scale-up and scale-down under load (8 -> 12 -> 6 ranks)
+//! - `pending`: dpcoord's pending placements against the truth, with
+//!   `received` counters, reconciled by time, or overwritten by snapshots
 
 pub mod cluster;
 pub mod demo;
@@ -25,10 +28,13 @@ pub mod link;
 pub mod local;
 pub mod model;
 pub mod net;
+pub mod pending;
 pub mod phase;
+pub mod publisher;
 pub mod record;
 pub mod report;
 pub mod scenario;
+pub mod spec;
 pub mod svg;
 pub mod workload;
 pub mod world;
@@ -72,6 +78,9 @@ pub enum Scenario {
     HeteroPrompts,
     /// dpcoord's table resized 8 -> 12 -> 6 ranks under load, every policy; nothing lost.
     Elastic,
+    /// Pending placements with a hop to the engine: exact counters, SGLang load
+    /// snapshots reconciled by time, snapshots overwriting; 1, 4 and 16 frontends.
+    Pending,
     /// Each of the above in turn.
     All,
 }

@@ -25,12 +25,14 @@ pub enum NetError {
     NotUp(Duration),
 }
 
-/// The daemon's three ZeroMQ endpoints.
+/// The daemon's three ZeroMQ endpoints, and the SGLang load PUBs it
+/// subscribes to (one per rank; none when engines send `StatsUpdate`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoints {
     pub route: String,
     pub health: String,
     pub stats: String,
+    pub load: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -75,6 +77,9 @@ struct Reply {
 pub struct RankState {
     pub status: String,
     pub counts: [u64; 5],
+    /// dpcoord's own placements it counts as not yet in the rank's reports.
+    #[serde(default)]
+    pub pending: u64,
 }
 
 #[derive(Deserialize)]

@@ -73,6 +73,47 @@ pub struct Recorder {
     pub stopped: Vec<(u32, Micros)>,
     /// Prompt tokens prefilled over every rank by the end of the run.
     pub prefilled: u64,
+    pub pending: PendingError,
+    /// Paced events handled well after their wall-clock due time.
+    pub late: u64,
+}
+
+/// dpcoord's `pending` per rank against the truth, checked before each
+/// placement: an estimate above the truth counts placements twice (in a
+/// report and as pending), one below it counts them nowhere.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PendingError {
+    /// Placements checked.
+    pub checks: u64,
+    /// Over every check, the sum over ranks of estimate minus truth where positive.
+    pub over: u64,
+    /// Over every check, the sum over ranks of truth minus estimate where positive.
+    pub under: u64,
+    /// The largest over- and undercount of one rank at one check.
+    pub max_over: u64,
+    pub max_under: u64,
+}
+
+impl PendingError {
+    pub fn add(&mut self, estimate: &[u64], truth: &[u64]) {
+        self.checks += 1;
+        for (&e, &t) in estimate.iter().zip(truth) {
+            self.over += e.saturating_sub(t);
+            self.under += t.saturating_sub(e);
+            self.max_over = self.max_over.max(e.saturating_sub(t));
+            self.max_under = self.max_under.max(t.saturating_sub(e));
+        }
+    }
+
+    /// Placements counted twice over all ranks, on average at a check.
+    pub fn mean_over(&self) -> f64 {
+        self.over as f64 / self.checks.max(1) as f64
+    }
+
+    /// Placements counted nowhere over all ranks, on average at a check.
+    pub fn mean_under(&self) -> f64 {
+        self.under as f64 / self.checks.max(1) as f64
+    }
 }
 
 impl Recorder {
@@ -114,6 +155,8 @@ impl Recorder {
             sync_timeouts,
             samples: self.samples.clone(),
             phases: phase::phases(self, makespan),
+            pending: self.pending,
+            late: self.late,
         }
     }
 }
@@ -160,6 +203,8 @@ pub struct ArmResult {
     pub samples: Vec<Sample>,
     /// The run cut at each resize of dpcoord's table.
     pub phases: Vec<Phase>,
+    pub pending: PendingError,
+    pub late: u64,
 }
 
 impl ArmResult {
@@ -191,6 +236,16 @@ mod tests {
         assert_eq!((percentile(&v, 50), percentile(&v, 99)), (100, 198));
         assert_eq!(percentile(&[5], 99), 5);
         assert_eq!(percentile(&[], 50), 0);
+    }
+
+    #[test]
+    fn pending_error_splits_double_counts_from_missed_ones() {
+        let mut p = PendingError::default();
+        p.add(&[2, 0, 1], &[1, 0, 3]);
+        p.add(&[0, 0, 0], &[0, 0, 0]);
+        assert_eq!((p.checks, p.over, p.under, p.max_over, p.max_under), (2, 1, 2, 1, 2));
+        assert_eq!((p.mean_over(), p.mean_under()), (0.5, 1.0));
+        assert_eq!(PendingError::default().mean_over(), 0.0);
     }
 
     #[test]

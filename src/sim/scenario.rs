@@ -14,8 +14,8 @@ use super::local::{accepted_policies, DaemonSettings, Local};
 use super::model::{Micros, SimEngine, DEFAULT_COST};
 use super::record::ArmResult;
 use super::workload::{Lengths, Load};
-use super::world::{self, ArmSpec, Probe};
-use super::{elastic, report, svg, Scenario, SimArgs, SimError};
+use super::world::{self, ArmSpec, Handoff, Probe};
+use super::{elastic, pending, report, svg, Scenario, SimArgs, SimError};
 
 /// dpcoord's `engines.down_after_ms` in the policy scenarios: wall time, so
 /// `speed` times as long in virtual time.
@@ -60,6 +60,7 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         speed: a.speed,
         sync: a.sync,
         sample_every: (nominal / 200).max(10_000),
+        handoff: Handoff::default(),
         horizon: nominal.saturating_mul(20).saturating_add(60_000_000),
     }
 }
@@ -90,7 +91,9 @@ pub(super) fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> 
     let started = Instant::now();
     let local = Local::start(settings, "sim")?;
     let via = spec.probe.map_or(ProbeVia::Health, |p| p.via);
-    let mut link = Link::open(&local.eps, spec.frontends, via, spec.engines(), spec.sync)?.with_ttft(ttft);
+    let mut link = Link::open(&local.eps, spec.frontends, via, spec.engines(), spec.sync)?
+        .with_ttft(ttft)
+        .with_registry(local.registry.clone());
     let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
     let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
     drop(link);
@@ -199,7 +202,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
     let outcome = match s {
         Scenario::All => {
             let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
-            for one in each.into_iter().chain([Scenario::Elastic]) {
+            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending]) {
                 run(one, a, emit)?;
             }
             return Ok(());
@@ -209,6 +212,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::DeadRank => dead_rank(a)?,
         Scenario::HeteroPrompts => hetero_prompts(a)?,
         Scenario::Elastic => elastic::elastic(a)?,
+        Scenario::Pending => pending::pending(a)?,
     };
     let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
     emit(outcome)?;

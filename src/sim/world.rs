@@ -1,72 +1,34 @@
 //! The discrete-event loop of one simulated run.
 //!
 //! Events (step ends, arrivals, retries, probes, a rank's death, the
-//! operator's resizes of dpcoord's table, samples)
-//! are taken in virtual-time order from one queue on one thread, so the
+//! operator's resizes of dpcoord's table, samples, requests reaching their
+//! engine after a hop, SGLang load publishers' calls) are taken in virtual-time order from one queue on one thread, so the
 //! order of every query sent to dpcoord follows from the model alone: with
 //! `round_robin`, a run is exactly reproducible. Pacing maps virtual time to
 //! wall time (`speed` virtual seconds per real second, 0 = as fast as
 //! possible), which matters where dpcoord measures real time: liveness,
-//! `pending_ttl_ms`, penalties.
+//! `pending_ttl_ms`, `pending_transit_ms`, penalties.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::cluster::{Cluster, EngineSpec};
-use super::link::{Link, ProbeVia};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::cluster::Cluster;
+use super::link::Link;
 use super::model::{Advance, Job, Micros};
 use super::net::{Answer, NetError};
 use super::record::{bump, Live, Recorder, Request};
-use super::workload::{Frontend, Lengths, Load};
+pub use super::spec::{ArmSpec, Handoff, Probe};
+use super::workload::{Frontend, Load};
 
 /// Wait before a failed or refused request is placed again.
 const RETRY_AFTER: Micros = 50_000;
-
-/// A health prober sending one probe every `every` virtual microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Probe {
-    pub every: Micros,
-    pub via: ProbeVia,
-}
-
-/// Everything that defines one run.
-#[derive(Debug, Clone)]
-pub struct ArmSpec {
-    pub name: String,
-    pub ranks: u32,
-    pub engine: EngineSpec,
-    pub lockstep: bool,
-    /// `(rank, speed_pct)` of a slow rank.
-    pub slow: Option<(u32, u32)>,
-    /// `(rank, at)`: the rank dies at virtual time `at`.
-    pub kill: Option<(u32, Micros)>,
-    /// `(at, dp_size)`: the operator resizes dpcoord's table at `at`. Engines
-    /// beyond `ranks` start before the first resize that takes them in;
-    /// removed ones finish what they hold, then stop.
-    pub resizes: Vec<(Micros, u32)>,
-    pub frontends: u32,
-    pub load: Load,
-    /// Prompts over all frontends; `None` runs until stopped.
-    pub prompts: Option<u64>,
-    pub lengths: Lengths,
-    pub probe: Option<Probe>,
-    pub seed: u64,
-    /// Virtual seconds per wall second; 0 runs unpaced.
-    pub speed: f64,
-    pub sync: bool,
-    pub sample_every: Micros,
-    /// Virtual time after which the run stops (what is unfinished is lost).
-    pub horizon: Micros,
-}
-
-impl ArmSpec {
-    /// Engines simulated: dpcoord's table at its largest.
-    pub fn engines(&self) -> u32 {
-        self.resizes.iter().map(|&(_, n)| n).fold(self.ranks, u32::max)
-    }
-}
+/// A paced event handled this long after its wall-clock due time is counted late.
+const LATE: Duration = Duration::from_millis(4);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -77,6 +39,10 @@ enum Event {
     Kill(u32),
     Resize(u32),
     Sample,
+    /// Request `.0` reaches rank `.1`.
+    Deliver(u64, u32),
+    /// The SGLang load publishers' throttled call.
+    Publish,
 }
 
 struct World<'a> {
@@ -94,6 +60,11 @@ struct World<'a> {
     resizes_left: usize,
     /// Removed ranks still finishing what they hold.
     draining: Vec<u32>,
+    /// Draws each request's hop to its engine.
+    rng: SmallRng,
+    /// Each open-loop frontend's latest arrival, off the event grid (so
+    /// rounding up to the grid does not slow the arrivals down).
+    arrivals: Vec<Micros>,
 }
 
 /// Runs one arm until its prompts are done, `stop` is set or the horizon passes.
@@ -120,6 +91,8 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         moved: Vec::new(),
         resizes_left: spec.resizes.len(),
         draining: Vec::new(),
+        rng: SmallRng::seed_from_u64(spec.seed ^ 0x5eed_7a11),
+        arrivals: vec![0; spec.frontends.max(1) as usize],
     };
     let epoch = w.link.bring_up(&w.cluster.engines, spec.ranks)?;
     w.rec.table(0, spec.ranks, epoch, 0);
@@ -132,9 +105,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         w.pace(start, at, stop)?;
         w.now = at;
         w.handle(event)?;
-        for (g, end) in w.cluster.start_steps(at) {
-            w.at(end, Event::StepEnd(g));
-        }
+        w.start_steps()?;
         w.link.heartbeat(&w.cluster.engines)?;
         if let Some(live) = w.live {
             live.now_us.store(at, Ordering::Relaxed);
@@ -147,6 +118,10 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
 
 impl World<'_> {
     fn at(&mut self, t: Micros, event: Event) {
+        let t = match (self.spec.handoff.grid, event) {
+            (0, _) | (_, Event::Publish) => t,
+            (grid, _) => t.div_ceil(grid) * grid,
+        };
         self.seq += 1;
         self.queue.push(Reverse((t, self.seq, event)));
     }
@@ -158,6 +133,7 @@ impl World<'_> {
                 self.at(0, Event::Arrival(f as u32));
             }
             if let Some(gap) = self.frontends[f].next_gap() {
+                self.arrivals[f] = gap;
                 self.at(gap, Event::Arrival(f as u32));
             }
         }
@@ -171,6 +147,9 @@ impl World<'_> {
             self.at(t, Event::Resize(n));
         }
         self.at(0, Event::Sample);
+        if self.spec.handoff.grid > 0 {
+            self.at(self.spec.handoff.grid / 2, Event::Publish);
+        }
     }
 
     fn all_done(&self) -> bool {
@@ -185,6 +164,7 @@ impl World<'_> {
             return Ok(());
         }
         let due = start + Duration::from_secs_f64(at as f64 / 1e6 / self.spec.speed);
+        self.rec.late += u64::from(Instant::now().saturating_duration_since(due) > LATE);
         loop {
             let now = Instant::now();
             if now >= due || stop.load(Ordering::Relaxed) {
@@ -214,6 +194,12 @@ impl World<'_> {
                 self.at(self.now + self.spec.sample_every.max(1), Event::Sample);
                 Ok(())
             }
+            Event::Deliver(id, rank) => self.deliver(id, rank),
+            Event::Publish => {
+                self.link.call_load(&self.cluster.engines, self.now)?;
+                self.at(self.now + self.spec.handoff.grid, Event::Publish);
+                Ok(())
+            }
         }
     }
 
@@ -241,6 +227,22 @@ impl World<'_> {
         });
     }
 
+    /// Starts a step in every idle group with work. After a hop, requests
+    /// reach ranks between steps, so each rank that starts one publishes
+    /// the batch it took (as an engine does when its scheduler moves).
+    fn start_steps(&mut self) -> Result<(), NetError> {
+        for (g, end) in self.cluster.start_steps(self.now) {
+            self.at(end, Event::StepEnd(g));
+            if self.spec.handoff.is_delayed() {
+                for i in 0..self.cluster.group_ranks(g).len() {
+                    let rank = self.cluster.group_ranks(g)[i];
+                    self.link.publish(rank, &self.cluster.engines[rank as usize])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn sample(&mut self) {
         let running = self.cluster.engines.iter().map(|e| e.counts()[1]).collect();
         self.rec.sample(self.now, running);
@@ -251,7 +253,9 @@ impl World<'_> {
         let fe = &mut self.frontends[f as usize];
         if matches!(fe.load(), Load::Open { .. }) && !fe.exhausted() {
             if let Some(gap) = fe.next_gap() {
-                self.at(self.now + gap, Event::Arrival(f));
+                let t = self.arrivals[f as usize] + gap;
+                self.arrivals[f as usize] = t;
+                self.at(t, Event::Arrival(f));
             }
         }
         Ok(())
@@ -273,20 +277,24 @@ impl World<'_> {
         self.dispatch(id)
     }
 
-    /// Asks dpcoord where request `id` goes and hands it to that engine.
+    /// Asks dpcoord where request `id` goes and hands it to that engine
+    /// (after the hop, if there is one).
     fn dispatch(&mut self, id: u64) -> Result<(), NetError> {
         let r = &mut self.rec.requests[id as usize];
         r.attempts += 1;
-        let (f, prompt, output) = (r.frontend, r.prompt, r.output);
+        let (f, prompt) = (r.frontend, r.prompt);
+        if self.spec.handoff.is_delayed() {
+            self.check_pending()?;
+        }
         match self.link.route(f as usize, prompt)? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
-                if self.cluster.admit(rank, Job::new(id, prompt, output, self.now)) {
-                    self.link.publish(rank, &self.cluster.engines[rank as usize])?;
-                } else {
-                    // The engine is gone: the frontend sees the failure and retries.
-                    self.at(self.now + RETRY_AFTER, Event::Retry(id));
+                let (lo, hi) = self.spec.handoff.transit;
+                if hi == 0 {
+                    return self.deliver(id, rank);
                 }
+                let hop = self.rng.random_range(lo..=hi.max(lo));
+                self.at(self.now + hop, Event::Deliver(id, rank));
             }
             Answer::Refused(code) => {
                 tracing::debug!(request = id, code = %code, "placement refused; retrying");
@@ -294,6 +302,28 @@ impl World<'_> {
                 self.at(self.now + RETRY_AFTER, Event::Retry(id));
             }
         }
+        Ok(())
+    }
+
+    /// Request `id` reaches rank `rank`.
+    fn deliver(&mut self, id: u64, rank: u32) -> Result<(), NetError> {
+        let r = &self.rec.requests[id as usize];
+        if self.cluster.admit(rank, Job::new(id, r.prompt, r.output, self.now)) {
+            self.link.publish(rank, &self.cluster.engines[rank as usize])
+        } else {
+            // The engine is gone: the frontend sees the failure and retries.
+            self.at(self.now + RETRY_AFTER, Event::Retry(id));
+            Ok(())
+        }
+    }
+
+    /// Compares dpcoord's `pending` per rank with the truth: the rank's
+    /// placements that its latest report, as dpcoord has it, does not include.
+    fn check_pending(&mut self) -> Result<(), NetError> {
+        let estimate = self.link.pending()?;
+        let truth: Vec<u64> =
+            (0..self.link.ranks()).map(|r| self.rec.placements[r as usize] - self.link.reported_received(r)).collect();
+        self.rec.pending.add(&estimate, &truth);
         Ok(())
     }
 
