@@ -103,14 +103,16 @@ def rank_of(reply: dict[str, Any]) -> int:
 
 def uninformed(state: dict[str, Any], err: Exception, rank: Any, bootstrap_room: Any) -> bool:
     """Whether a ``no_engine_available`` / ``rank_unavailable`` refusal only means
-    that dpcoord has not heard from the engines yet (it just started): every rank,
-    or the pinned one, is still ``unknown`` in its ``state``."""
+    that dpcoord has not heard from the engines yet (it just started): for
+    ``no_engine_available``, no rank is ``down`` and some are still ``unknown`` in its
+    ``state`` (asked just after the refusal: engines may have reported in between,
+    so some may be ``up`` by then); for a pin, that rank is still ``unknown``."""
     entries = state.get("ranks")
     if not isinstance(entries, list) or not entries:
         return False
     statuses = [e.get("status") if isinstance(e, dict) else None for e in entries]
     if isinstance(err, NoEngineAvailableError):
-        return all(s == "unknown" for s in statuses)
+        return "unknown" in statuses and "down" not in statuses
     if isinstance(err, RankUnavailableError):
         target = rank if rank is not None else bootstrap_room
         if not isinstance(target, int) or isinstance(target, bool) or target < 0:

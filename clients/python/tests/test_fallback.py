@@ -200,3 +200,19 @@ def test_standby_takes_over_and_primary_takes_back(start_daemon, engines, tmp_pa
     eventually("routing back on the primary", back_on_primary)
     assert c.fallbacks == 0 and c.last_source == "dpcoord"
     c.close()
+
+
+def test_a_refusal_from_a_dpcoord_still_hearing_from_its_engines_is_uninformed():
+    """The ``state`` asked after a ``no_engine_available`` may already show ranks that
+    reported in between (dpcoord just restarted): still warming up while some rank is
+    ``unknown`` and none is ``down``."""
+    from dpcoord import _core
+    from dpcoord.errors import NoEngineAvailableError
+
+    err = NoEngineAvailableError(message="no routable rank")
+    state = lambda *statuses: {"ranks": [{"status": s} for s in statuses]}  # noqa: E731
+    assert _core.uninformed(state("unknown", "unknown"), err, None, None)
+    assert _core.uninformed(state("up", "unknown", "unknown"), err, None, None)
+    assert not _core.uninformed(state("up", "down", "unknown"), err, None, None)
+    assert not _core.uninformed(state("down", "down"), err, None, None)
+    assert not _core.uninformed(state("up", "up"), err, None, None)
