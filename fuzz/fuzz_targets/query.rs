@@ -7,8 +7,8 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use dpcoord::config::Config;
-use dpcoord::routing::Coordinator;
 use dpcoord::observability::metrics::Metrics;
+use dpcoord::routing::Coordinator;
 use dpcoord::wire::{Channel, SourceKind};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};

@@ -1,0 +1,33 @@
+//! What the source fuzz targets share: one coordinator over 4 ranks that
+//! lives across inputs (accepted messages build up state for later ones),
+//! and the property they check for every message.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use dpcoord::config::Config;
+use dpcoord::observability::metrics::Metrics;
+use dpcoord::routing::Coordinator;
+use dpcoord::wire::{decode_source, SourceKind};
+
+thread_local! {
+    static COORD: RefCell<Coordinator> = RefCell::new({
+        let mut cfg = Config::default();
+        cfg.settings.engines.dp_size = 4;
+        Coordinator::new(&cfg.settings, Metrics::new(4), Instant::now())
+    });
+}
+
+/// Feeds one message of `kind` to the coordinator: nothing may panic, and a
+/// message the decoder rejects must leave the engine table unchanged.
+pub fn feed(kind: SourceKind, frames: &[&[u8]]) {
+    COORD.with_borrow_mut(|coord| {
+        let now = Instant::now();
+        let before = coord.state_view(now);
+        coord.on_source(kind, Some(frames), now);
+        if decode_source(kind, Some(frames), usize::MAX).is_err() {
+            assert_eq!(coord.state_view(now), before, "a rejected message changed state");
+        }
+        coord.tick(now);
+    });
+}
