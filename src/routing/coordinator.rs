@@ -23,7 +23,9 @@ use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
-use crate::wire::{self, Channel, HealthOp, Id, QueryLimits, RouteOp, RouteRequest, SourceKind, WireError};
+use crate::wire::{
+    self, Channel, HealthOp, Id, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind, WireError,
+};
 
 pub struct Coordinator {
     tick_every: Duration,
@@ -164,26 +166,36 @@ impl Coordinator {
     /// One query from `ch`; the reply is written into `out`.
     pub fn on_query(&mut self, ch: Channel, bytes: &[u8], now: Instant, out: &mut Vec<u8>) {
         match ch {
-            Channel::Route => match wire::decode_route_query(bytes, &self.limits) {
-                Ok(q) => {
-                    tracing::trace!(query = ?q, "route query");
-                    if let Err(e) = self.answer_route(q.id, q.op, now, out) {
-                        self.refuse(q.id, &e, out);
-                    }
-                }
-                Err(rej) => self.refuse(rej.id, &rej.error, out),
-            },
-            Channel::Health => match wire::decode_health_query(bytes, &self.limits) {
-                Ok(q) => {
-                    tracing::trace!(query = ?q, "health query");
-                    if let Err(e) = self.answer_health(q.id, q.op, now, out) {
-                        self.refuse(q.id, &e, out);
-                    }
-                }
-                Err(rej) => self.refuse(rej.id, &rej.error, out),
-            },
+            Channel::Route => {
+                let decoded = wire::decode_route_query(bytes, &self.limits);
+                self.answer(ch, decoded, Self::answer_route, now, out);
+            }
+            Channel::Health => {
+                let decoded = wire::decode_health_query(bytes, &self.limits);
+                self.answer(ch, decoded, Self::answer_health, now, out);
+            }
         }
         self.observe(ch, now);
+    }
+
+    /// Answers a decoded query of `ch` with `answer`, or refuses it.
+    fn answer<'a, O: std::fmt::Debug>(
+        &mut self,
+        ch: Channel,
+        decoded: Result<Query<'a, O>, Rejected<'a>>,
+        answer: impl FnOnce(&mut Self, Option<Id<'a>>, O, Instant, &mut Vec<u8>) -> Result<(), WireError>,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) {
+        match decoded {
+            Ok(q) => {
+                tracing::trace!(channel = ch.as_str(), query = ?q, "query");
+                if let Err(e) = answer(self, q.id, q.op, now, out) {
+                    self.refuse(q.id, &e, out);
+                }
+            }
+            Err(rej) => self.refuse(rej.id, &rej.error, out),
+        }
     }
 
     /// A request whose frames are not `envelope + one payload`.
