@@ -401,7 +401,17 @@ impl Client {
 
     /// Sends raw bytes as one frame and decodes the reply.
     pub fn call_raw(&self, bytes: &[u8]) -> Value {
+        self.send(bytes);
+        self.recv()
+    }
+
+    /// The first half of [`Client::call_raw`].
+    pub fn send(&self, bytes: &[u8]) {
         self.sock.send(bytes, 0).unwrap();
+    }
+
+    /// The second half of [`Client::call_raw`]: the decoded reply.
+    pub fn recv(&self) -> Value {
         let reply = self.sock.recv_bytes(0).expect("dpcoord did not answer in time");
         rmp_serde::from_slice(&reply).expect("reply is a MessagePack map")
     }
