@@ -62,6 +62,21 @@ pub struct EngineState {
     pub failed_before: u64,
     /// The source's longest silence between unchanged reports.
     heartbeat: Duration,
+    /// How often the rank's routability flipped, by way.
+    pub changes: RoutableChanges,
+}
+
+/// How often a rank became routable or stopped being routable. Each
+/// change counts, even when several ranks flip in one tick (which moves
+/// the epoch once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoutableChanges {
+    /// `unknown` -> `up`: the rank's first valid update.
+    pub joined: u64,
+    /// `up` or `stale` -> `down`: silent for `down_after`.
+    pub lost: u64,
+    /// `down` -> `up`: readmitted after `readmit_updates` updates.
+    pub readmitted: u64,
 }
 
 impl EngineState {
@@ -82,6 +97,7 @@ impl EngineState {
             finished_before: 0,
             failed_before: 0,
             heartbeat: Duration::ZERO,
+            changes: RoutableChanges::default(),
         }
     }
 
@@ -296,6 +312,14 @@ impl EngineTable {
         let flipped = from.is_routable() != to.is_routable();
         let epoch = self.epoch + u64::from(flipped);
         let readmitted = from == Status::Down && to == Status::Up;
+        if flipped {
+            let way = match from {
+                Status::Unknown => &mut e.changes.joined,
+                Status::Down => &mut e.changes.readmitted,
+                Status::Up | Status::Stale => &mut e.changes.lost,
+            };
+            *way += 1;
+        }
         tracing::info!(
             dp_rank = rank,
             from = from.as_str(),

@@ -91,6 +91,8 @@ fn liveness_up_stale_down_and_readmission() {
     t.apply(&upd(0, 1, 4, [0; 5]), ms(t0, 5200)).unwrap();
     assert_eq!((t.get(0).status, t.epoch()), (Status::Up, 3));
     assert_eq!(t.get(0).penalty, 0.0);
+    // Up -> stale is no change of routability; each flip counts once.
+    assert_eq!(t.get(0).changes, RoutableChanges { joined: 1, lost: 1, readmitted: 1 });
 }
 
 #[test]
@@ -104,6 +106,10 @@ fn ranks_going_down_on_one_tick_bump_the_epoch_once() {
     t.tick(ms(t0, 3000));
     assert_eq!(t.epoch(), 4);
     assert!(!t.any_routable());
+    // The epoch moved once; the counters see all three ranks go.
+    for r in 0..3 {
+        assert_eq!(t.get(r).changes, RoutableChanges { joined: 1, lost: 1, readmitted: 0 });
+    }
 }
 
 #[test]

@@ -21,6 +21,10 @@ pub struct RankMetrics {
     pub up: IntGauge,
     pub penalty: Gauge,
     pub age: Gauge,
+    /// `dpcoord_engine_routable_changes_total` by `change`.
+    pub joined: IntCounter,
+    pub lost: IntCounter,
+    pub readmitted: IntCounter,
 }
 
 /// The `result` label of `dpcoord_stats_messages_total`.
@@ -106,6 +110,7 @@ struct RankFamilies {
     up: IntGaugeVec,
     penalty: prometheus::GaugeVec,
     age: prometheus::GaugeVec,
+    changes: IntCounterVec,
 }
 
 impl RankFamilies {
@@ -122,6 +127,9 @@ impl RankFamilies {
             up: self.up.with_label_values(&[&k]),
             penalty: self.penalty.with_label_values(&[&k]),
             age: self.age.with_label_values(&[&k]),
+            joined: self.changes.with_label_values(&[&k, "joined"]),
+            lost: self.changes.with_label_values(&[&k, "lost"]),
+            readmitted: self.changes.with_label_values(&[&k, "readmitted"]),
         };
         m.age.set(f64::NAN);
         m
@@ -142,6 +150,9 @@ impl RankFamilies {
         let _ = self.up.remove_label_values(&[&k]);
         let _ = self.penalty.remove_label_values(&[&k]);
         let _ = self.age.remove_label_values(&[&k]);
+        for change in ["joined", "lost", "readmitted"] {
+            let _ = self.changes.remove_label_values(&[&k, change]);
+        }
     }
 }
 
@@ -275,6 +286,18 @@ impl Metrics {
                 &["dp_rank"],
             )),
         );
+        let changes = register(
+            &r,
+            built(IntCounterVec::new(
+                opts(
+                    "dpcoord_engine_routable_changes_total",
+                    "Times the rank became or stopped being routable, by change: joined (first valid update), \
+                     lost (up or stale to down), readmitted (down to up). Every change counts, also when several \
+                     land in one tick (the epoch then moves once).",
+                ),
+                &["dp_rank", "change"],
+            )),
+        );
         let stats = register(
             &r,
             built(IntCounterVec::new(
@@ -331,7 +354,7 @@ impl Metrics {
                 &["result"],
             )),
         );
-        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age };
+        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age, changes };
         let mut m = Metrics {
             registry: r,
             ranks: Vec::new(),

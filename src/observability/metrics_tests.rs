@@ -5,7 +5,7 @@ use prometheus::proto::MetricType;
 use super::*;
 
 /// The contract's Metrics table: name, type, label names.
-const CONTRACT: [(&str, MetricType, &[&str]); 18] = [
+const CONTRACT: [(&str, MetricType, &[&str]); 19] = [
     ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
     ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
     ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -25,6 +25,7 @@ const CONTRACT: [(&str, MetricType, &[&str]); 18] = [
     ("dpcoord_config_reloads_total", MetricType::COUNTER, &["result"]),
     ("dpcoord_dp_size", MetricType::GAUGE, &[]),
     ("dpcoord_scrapes_total", MetricType::COUNTER, &["result"]),
+    ("dpcoord_engine_routable_changes_total", MetricType::COUNTER, &["change", "dp_rank"]),
 ];
 
 #[test]
@@ -44,6 +45,7 @@ fn every_contract_metric_exists_with_its_type_labels_and_series() {
     let count = |name: &str| families.iter().find(|f| f.name() == name).map_or(0, |f| f.get_metric().len());
     assert_eq!(count("dpcoord_routed_total"), 3 * 2);
     assert_eq!(count("dpcoord_engine_requests"), 3 * 3);
+    assert_eq!(count("dpcoord_engine_routable_changes_total"), 3 * 3);
     assert_eq!(count("dpcoord_route_errors_total"), ErrorCode::ALL.len());
     assert_eq!(count("dpcoord_stats_messages_total"), StatsResult::ALL.len());
     assert_eq!(count("dpcoord_route_duration_seconds"), 2);
@@ -62,6 +64,7 @@ fn resize_adds_and_removes_every_series_of_a_rank() {
     assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_requests")), (8, 12));
     m.resize(1);
     assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_up")), (2, 1));
+    assert_eq!(series(&m, "dpcoord_engine_routable_changes_total"), 3);
     // A rank that comes back starts over.
     m.resize(2);
     assert_eq!(m.ranks[1].routed_user.get(), 0);
