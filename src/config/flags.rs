@@ -12,7 +12,7 @@ fn flagged() -> impl Iterator<Item = (AnyKey, &'static Key, Flag)> {
     ALL.into_iter().filter_map(|k| Some((k, k.key(), k.key().flag?)))
 }
 
-/// One argument per key with a flag (its id is the key's name), to add to
+/// One argument per key with a flag (its id is the flag's name), to add to
 /// the command's own.
 pub fn flags() -> Vec<Arg> {
     flagged()
@@ -21,7 +21,8 @@ pub fn flags() -> Vec<Arg> {
                 "" => key.path(),
                 help => format!("{help} ({})", key.path()),
             };
-            let arg = Arg::new(key.name).long(key.name.replace('_', "-")).value_name(flag.value_name).help(help);
+            let long = key.flag_long().unwrap_or_default();
+            let arg = Arg::new(long.clone()).long(long).value_name(flag.value_name).help(help);
             match any {
                 AnyKey::Int(_) => arg.value_parser(clap::value_parser!(i64)).action(ArgAction::Set),
                 AnyKey::Float(_) => arg.value_parser(clap::value_parser!(f64)).action(ArgAction::Set),
@@ -35,12 +36,14 @@ pub fn flags() -> Vec<Arg> {
 /// Folds the flags given in `matches` into `root` (a flag wins over the file).
 pub fn fold_flags(matches: &ArgMatches, root: &mut toml::Table) {
     for (any, key, _) in flagged() {
+        let id = key.flag_long().unwrap_or_default();
+        let id = id.as_str();
         let value = match any {
-            AnyKey::Int(_) => matches.get_one::<i64>(key.name).map(|i| toml::Value::Integer(*i)),
-            AnyKey::Float(_) => matches.get_one::<f64>(key.name).map(|x| toml::Value::Float(*x)),
-            AnyKey::Str(_) => matches.get_one::<String>(key.name).map(|s| toml::Value::String(s.clone())),
+            AnyKey::Int(_) => matches.get_one::<i64>(id).map(|i| toml::Value::Integer(*i)),
+            AnyKey::Float(_) => matches.get_one::<f64>(id).map(|x| toml::Value::Float(*x)),
+            AnyKey::Str(_) => matches.get_one::<String>(id).map(|s| toml::Value::String(s.clone())),
             AnyKey::List(_) => matches
-                .get_many::<String>(key.name)
+                .get_many::<String>(id)
                 .map(|all| toml::Value::Array(all.cloned().map(toml::Value::String).collect())),
         };
         if let Some(value) = value {

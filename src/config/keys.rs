@@ -15,6 +15,9 @@ pub struct Key {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flag {
     pub value_name: &'static str,
+    /// Whether the flag carries its section's name (`--kv-events-connect`
+    /// for `kv_events.connect`), for sections whose key names are generic.
+    pub in_section: bool,
     /// What the flag sets; `--help` appends the key's `section.name`
     /// (and shows only that when this is empty).
     pub help: &'static str,
@@ -26,7 +29,24 @@ impl Key {
     }
 
     const fn flagged(section: &'static str, name: &'static str, value_name: &'static str, help: &'static str) -> Key {
-        Key { section, name, flag: Some(Flag { value_name, help }) }
+        Key { section, name, flag: Some(Flag { value_name, in_section: false, help }) }
+    }
+
+    /// A key whose flag is `--section-name`.
+    const fn flagged_in_section(
+        section: &'static str,
+        name: &'static str,
+        value_name: &'static str,
+        help: &'static str,
+    ) -> Key {
+        Key { section, name, flag: Some(Flag { value_name, in_section: true, help }) }
+    }
+
+    /// The flag's name without `--`, if the key has a flag.
+    pub fn flag_long(&self) -> Option<String> {
+        let flag = self.flag?;
+        let name = if flag.in_section { format!("{}_{}", self.section, self.name) } else { self.name.to_owned() };
+        Some(name.replace('_', "-"))
     }
 
     /// `section.name`, as errors name the key.
@@ -97,9 +117,10 @@ const ENGINES: &str = "engines";
 const ROUTING: &str = "routing";
 const PENALTY: &str = "penalty";
 const LIMITS: &str = "limits";
+const KV_EVENTS: &str = "kv_events";
 
 /// The sections of a config file, in file order.
-pub const SECTIONS: [&str; 5] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS];
+pub const SECTIONS: [&str; 6] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS, KV_EVENTS];
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 86_400_000;
@@ -197,8 +218,27 @@ pub const MAX_MESSAGE_BYTES: IntKey =
     IntKey { key: Key::new(LIMITS, "max_message_bytes"), default: 65_536, min: 256, max: 16 << 20 };
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
 
+pub const KV_CONNECT: ListKey = ListKey {
+    key: Key::flagged_in_section(
+        KV_EVENTS,
+        "connect",
+        "EP",
+        "Engine KV-event PUB to subscribe to; tcp://HOST:PORT+rank is one per rank; repeatable",
+    ),
+};
+pub const KV_REPLAY: ListKey = ListKey {
+    key: Key::flagged_in_section(KV_EVENTS, "replay", "EP", "Their replay ROUTER endpoints, same forms; repeatable"),
+};
+pub const KV_TOPIC: StrKey = StrKey { key: Key::new(KV_EVENTS, "topic"), default: "" };
+pub const KV_MAX_BLOCKS_PER_RANK: IntKey =
+    IntKey { key: Key::new(KV_EVENTS, "max_blocks_per_rank"), default: 1 << 20, min: 1, max: 1 << 28 };
+pub const KV_MAX_BATCH_BYTES: IntKey =
+    IntKey { key: Key::new(KV_EVENTS, "max_batch_bytes"), default: 8 << 20, min: 1024, max: 1 << 28 };
+pub const KV_REPLAY_TIMEOUT_MS: IntKey =
+    IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
+
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 38] = [
+pub const ALL: [AnyKey; 44] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -207,6 +247,8 @@ pub const ALL: [AnyKey; 38] = [
     AnyKey::List(&STATS_CONNECT),
     AnyKey::List(&SGLANG_LOAD_CONNECT),
     AnyKey::List(&VLLM_METRICS_URL),
+    AnyKey::List(&KV_CONNECT),
+    AnyKey::List(&KV_REPLAY),
     AnyKey::Str(&METRICS_BIND),
     AnyKey::Int(&TICK_MS),
     AnyKey::Int(&STALE_AFTER_MS),
@@ -237,4 +279,8 @@ pub const ALL: [AnyKey; 38] = [
     AnyKey::Float(&TTFT),
     AnyKey::Int(&MAX_MESSAGE_BYTES),
     AnyKey::Int(&MAX_BATCH),
+    AnyKey::Str(&KV_TOPIC),
+    AnyKey::Int(&KV_MAX_BLOCKS_PER_RANK),
+    AnyKey::Int(&KV_MAX_BATCH_BYTES),
+    AnyKey::Int(&KV_REPLAY_TIMEOUT_MS),
 ];

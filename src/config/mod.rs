@@ -18,7 +18,7 @@ mod parse;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
 pub use parse::check_endpoint;
-use parse::{parse_engines, parse_limits, parse_penalty, parse_routing, parse_server, section};
+use parse::{parse_engines, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section};
 
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +77,27 @@ pub struct Server {
     pub stats_allow: Allowlist,
     /// File mode set on each bound ipc:// socket; `None` keeps the umask's.
     pub ipc_mode: Option<u32>,
+    /// The engines' KV-event publishers (`kv_events.connect`, expanded).
+    pub kv_events: Vec<KvEndpoint>,
+    /// Their subscription prefix (`kv_events.topic`).
+    pub kv_topic: String,
+}
+
+/// One KV-event publisher: its PUB, its replay ROUTER if any, and the rank
+/// a `+rank` form wrote it for (used when a batch names none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEndpoint {
+    pub connect: String,
+    pub replay: Option<String>,
+    pub rank: Option<u32>,
+}
+
+/// The prefix index's limits (`[kv_events]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvSettings {
+    pub max_blocks_per_rank: usize,
+    pub max_batch_bytes: usize,
+    pub replay_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -132,6 +153,7 @@ pub struct Settings {
     pub routing: Routing,
     pub penalty: Penalty,
     pub limits: Limits,
+    pub kv: KvSettings,
 }
 
 /// The whole configuration: what binds sockets (`server`, fixed for the
@@ -182,6 +204,9 @@ impl Config {
         server.sglang_load_connect = sources.sglang_load_connect;
         server.vllm_metrics_url = sources.vllm_metrics_url;
         server.vllm_metrics_interval = sources.vllm_metrics_interval;
+        let (kv_events, kv_topic, kv) = parse_kv_events(section(&root, "kv_events")?, engines.dp_size)?;
+        server.kv_events = kv_events;
+        server.kv_topic = kv_topic;
         Ok(Config {
             server,
             settings: Settings {
@@ -189,6 +214,7 @@ impl Config {
                 routing: parse_routing(section(&root, "routing")?)?,
                 penalty: parse_penalty(section(&root, "penalty")?)?,
                 limits: parse_limits(section(&root, "limits")?)?,
+                kv,
             },
         })
     }

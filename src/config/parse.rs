@@ -8,6 +8,10 @@ use super::{
 };
 use crate::io::access::Allowlist;
 
+#[path = "kv.rs"]
+mod kv;
+pub(super) use kv::parse_kv_events;
+
 /// Reads one section's keys, remembering which were used.
 pub(super) struct Section<'a> {
     name: &'static str,
@@ -173,6 +177,8 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         health_allow,
         stats_allow,
         ipc_mode,
+        kv_events: Vec::new(),
+        kv_topic: String::new(),
     })
 }
 

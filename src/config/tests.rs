@@ -104,6 +104,12 @@ fn the_flags_are_the_documented_ones() {
             "URL",
             "vLLM API server /metrics to scrape (external LB: the i-th is rank i); repeatable (engines.vllm_metrics_url)",
         ),
+        (
+            "kv-events-connect",
+            "EP",
+            "Engine KV-event PUB to subscribe to; tcp://HOST:PORT+rank is one per rank; repeatable (kv_events.connect)",
+        ),
+        ("kv-events-replay", "EP", "Their replay ROUTER endpoints, same forms; repeatable (kv_events.replay)"),
         ("metrics-bind", "HOST:PORT", "HTTP listener for metrics and probes (server.metrics_bind)"),
         ("tick-ms", "MS", "Tick period in ms (routing.tick_ms)"),
         ("stale-after-ms", "MS", "engines.stale_after_ms"),
@@ -123,7 +129,7 @@ fn every_flag_lands_at_its_key() {
         if key.flag.is_none() {
             continue;
         }
-        let flag = format!("--{}", key.name.replace('_', "-"));
+        let flag = format!("--{}", key.flag_long().unwrap());
         let (args, expected) = match any {
             keys::AnyKey::Int(_) => (vec![flag.as_str(), "-7"], toml::Value::Integer(-7)),
             keys::AnyKey::Float(_) => (vec![flag.as_str(), "0.25"], toml::Value::Float(0.25)),

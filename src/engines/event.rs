@@ -133,4 +133,6 @@ impl LoadReport {
 pub enum EngineEvent {
     /// A load report: counters, token load, latencies.
     Load(LoadReport),
+    /// A batch of KV-cache events (or a replay's end) from one publisher.
+    Kv(super::kv::KvMessage),
 }

@@ -3,7 +3,9 @@
 //! placements, and nothing here knows a wire format.
 
 pub mod event;
+pub mod kv;
 pub mod penalty;
+pub mod prefix;
 pub mod routable;
 mod table;
 

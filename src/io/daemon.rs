@@ -32,8 +32,9 @@ impl Daemon {
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
-        let mut coord =
-            Coordinator::new(&cfg.settings, metrics, Instant::now()).with_config_source(cfg.server.clone(), source);
+        let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now())
+            .with_config_source(cfg.server.clone(), source)
+            .with_kv_endpoints(&cfg.server.kv_events);
         let published = coord.published();
         let control = Arc::new(Control::default());
         let shared = Arc::clone(&control);

@@ -175,12 +175,18 @@ mod tests {
             age_ms: None,
             boot: None,
             load: 0.0,
+            kv_blocks: Default::default(),
         }
     }
 
     #[test]
     fn ready_once_any_rank_is_up_or_stale() {
-        let mut v = StateView { epoch: 0, policy: "round_robin", ranks: vec![rank(0, "unknown"), rank(1, "down")] };
+        let mut v = StateView {
+            epoch: 0,
+            policy: "round_robin",
+            ranks: vec![rank(0, "unknown"), rank(1, "down")],
+            kv_block_size: None,
+        };
         assert_eq!(
             readiness(&v),
             (

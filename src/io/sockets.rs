@@ -13,6 +13,8 @@ const LINGER_MS: i32 = 1000;
 /// gap shows in `dpcoord_stats_missed_total`); a burst from every engine
 /// fits easily.
 const SOURCE_HWM: i32 = 10_000;
+/// KV event batches can be megabytes each: fewer of them queue.
+const KV_HWM: i32 = 1000;
 /// Per peer, each way. A REQ peer has one reply outstanding, so its replies
 /// are never dropped; only a DEALER with this many unread replies loses more.
 const QUERY_HWM: i32 = 1000;
@@ -90,10 +92,15 @@ fn router(ctx: &zmq::Context, name: &'static str, ep: &str, cfg: &Config) -> Res
 
 /// A source SUB socket subscribed to everything.
 fn subscriber(ctx: &zmq::Context, name: &'static str) -> Result<zmq::Socket, TransportError> {
+    subscribed(ctx, name, b"", SOURCE_HWM)
+}
+
+/// A source SUB socket subscribed to `topic` (a prefix).
+fn subscribed(ctx: &zmq::Context, name: &'static str, topic: &[u8], hwm: i32) -> Result<zmq::Socket, TransportError> {
     let s = ctx.socket(zmq::SUB).map_err(sock_err(name))?;
-    s.set_subscribe(b"").map_err(sock_err(name))?;
+    s.set_subscribe(topic).map_err(sock_err(name))?;
     s.set_linger(0).map_err(sock_err(name))?;
-    s.set_rcvhwm(SOURCE_HWM).map_err(sock_err(name))?;
+    s.set_rcvhwm(hwm).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     Ok(s)
 }
@@ -142,7 +149,31 @@ fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportErr
     if !srv.vllm_metrics_url.is_empty() {
         sources.push(scraped(ctx, srv)?);
     }
+    sources.extend(kv_sources(ctx, srv)?);
     Ok(sources)
+}
+
+/// Per KV publisher (one rank each), its own SUB, so that its `seq` is
+/// known to be its own, and a DEALER to its replay socket if it has one.
+fn kv_sources(ctx: &zmq::Context, srv: &Server) -> Result<Vec<Source>, TransportError> {
+    let mut out = Vec::new();
+    for (i, ep) in srv.kv_events.iter().enumerate() {
+        let stream = i as u16; // the config allows at most 65535 publishers
+        let kind = SourceKind::KvEvents { stream, replay: false };
+        let s = subscribed(ctx, kind.as_str(), srv.kv_topic.as_bytes(), KV_HWM)?;
+        s.connect(&ep.connect).map_err(endpoint_err("connect", kind.as_str(), &ep.connect))?;
+        out.push(Source { socket: s, kind });
+        if let Some(replay) = &ep.replay {
+            let kind = SourceKind::KvEvents { stream, replay: true };
+            let d = ctx.socket(zmq::DEALER).map_err(sock_err(kind.as_str()))?;
+            d.set_linger(0).map_err(sock_err(kind.as_str()))?;
+            d.set_rcvhwm(KV_HWM).map_err(sock_err(kind.as_str()))?;
+            d.set_ipv6(true).map_err(sock_err(kind.as_str()))?;
+            d.connect(replay).map_err(endpoint_err("connect", kind.as_str(), replay))?;
+            out.push(Source { socket: d, kind });
+        }
+    }
+    Ok(out)
 }
 
 impl Sockets {

@@ -12,7 +12,7 @@ use super::sockets::{sock_err, Sockets, Source, TransportError};
 use super::zap;
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
-use crate::wire::Channel;
+use crate::wire::{Channel, SourceKind};
 
 /// Frames kept of one message (a query's envelope and body, or a source
 /// message); more is refused whole.
@@ -140,6 +140,18 @@ fn drain_queries(
     Ok(true)
 }
 
+/// Asks KV publisher `stream` to replay its batches from `from` (an empty
+/// delimiter, then the seq as 8 bytes BE). A replay that cannot be sent
+/// times out in the coordinator like one that never ends.
+fn ask_replay(sources: &[Source], stream: u16, from: u64) {
+    let dealer = sources.iter().find(|s| s.kind == SourceKind::KvEvents { stream, replay: true });
+    if let Some(d) = dealer {
+        if let Err(e) = d.socket.send_multipart([&b""[..], &from.to_be_bytes()[..]], zmq::DONTWAIT) {
+            tracing::debug!(stream, error = %e, "KV replay request not sent");
+        }
+    }
+}
+
 /// What other threads ask of the serving loop.
 #[derive(Debug, Default)]
 pub struct Control {
@@ -210,6 +222,7 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
     let mut frames = Frames::new();
+    let mut asks = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
     let mut zap_log = LogLimiter::<3>::default();
@@ -238,6 +251,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
             if unfinished[i] || timed_out || items[i].is_readable() {
                 unfinished[i] = p.drain(&mut frames, coord, &mut zap_log)?;
             }
+        }
+        coord.take_replay_asks(&mut asks);
+        for (stream, from) in asks.drain(..) {
+            ask_replay(sources, stream, from);
         }
     }
     // Answer what is queued and what is still on its way (sent before the

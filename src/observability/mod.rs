@@ -1,4 +1,5 @@
 //! Prometheus metrics and rate-limited logging.
 
+pub mod kv_metrics;
 pub mod metrics;
 pub mod ratelimit;

@@ -46,6 +46,9 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
         ("server.log_format", old.log_format != new.log_format),
         ("server.ipc_mode", old.ipc_mode != new.ipc_mode),
+        // With the `+rank` form, a new dp_size changes the expansion too.
+        ("kv_events.connect", old.kv_events != new.kv_events),
+        ("kv_events.topic", old.kv_topic != new.kv_topic),
     ];
     Some(named.into_iter().find(|(_, changed)| *changed).map_or("server", |(key, _)| key))
 }

@@ -16,15 +16,19 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::kv::KvStreams;
 use super::published::Published;
 use super::user::UserDispatcher;
-use crate::config::Settings;
+use crate::config::{KvEndpoint, Settings};
+use crate::engines::prefix::keys;
 use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
+use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
-    self, Channel, HealthOp, Id, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind, WireError,
+    self, Channel, HealthOp, Id, PrefixQuery, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind,
+    SourceLimits, WireError,
 };
 
 pub struct Coordinator {
@@ -33,11 +37,16 @@ pub struct Coordinator {
     /// force (allowlists change on reload; the rest needs a restart).
     config: Option<admin::Reloadable>,
     limits: QueryLimits,
+    sources: SourceLimits,
     next_tick: Instant,
     engines: EngineTable,
     user: UserDispatcher,
     health: HealthDispatcher,
     metrics: Metrics,
+    /// The engines' KV-event streams and the prefix index they feed.
+    kv: KvStreams,
+    /// Reused buffers of the `prefix` op: tokens, keys, per-rank matches.
+    prefix_scratch: (Vec<u32>, Vec<u64>, Vec<u32>),
     /// Rate limit of the dropped-update warning, per `StatsResult`.
     drops: LogLimiter<4>,
     /// Reused buffer for the ranks of one route answer.
@@ -52,6 +61,10 @@ fn limits(s: &Settings) -> QueryLimits {
         max_batch: s.limits.max_batch,
         max_message_bytes: s.limits.max_message_bytes,
     }
+}
+
+fn source_limits(s: &Settings) -> SourceLimits {
+    SourceLimits { message: s.limits.max_message_bytes, kv_batch: s.kv.max_batch_bytes }
 }
 
 /// The `result` label of a report the engine table refused.
@@ -69,10 +82,17 @@ impl Coordinator {
             tick_every: settings.routing.tick,
             config: None,
             limits: limits(settings),
+            sources: source_limits(settings),
             next_tick: now + settings.routing.tick,
             engines: EngineTable::new(settings),
             user: UserDispatcher::new(settings, now),
             health: HealthDispatcher::default(),
+            kv: KvStreams::new(
+                &settings.kv,
+                settings.engines.dp_size,
+                KvMetrics::new(&metrics.registry, settings.engines.dp_size),
+            ),
+            prefix_scratch: Default::default(),
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
@@ -95,6 +115,19 @@ impl Coordinator {
         &self.metrics
     }
 
+    /// The KV-event publishers, in `kv_events.connect` order: a KV
+    /// source's `stream` is its place here.
+    pub fn with_kv_endpoints(mut self, endpoints: &[KvEndpoint]) -> Self {
+        self.kv.set_endpoints(endpoints);
+        self
+    }
+
+    /// Replays to ask the KV publishers for, `(stream, start_seq)`: the
+    /// transport sends each on the stream's replay socket.
+    pub fn take_replay_asks(&mut self, out: &mut Vec<(u16, u64)>) {
+        self.kv.take_asks(out);
+    }
+
     /// New settings, in force from the next query on: the rank count (every
     /// per-rank structure grows or shrinks; see [`Coordinator::resize`]),
     /// liveness, penalties, policy, weights, sessions, TTLs and limits.
@@ -104,6 +137,8 @@ impl Coordinator {
         self.engines.reload(&settings);
         self.user.reload(&settings, now);
         self.limits = limits(&settings);
+        self.sources = source_limits(&settings);
+        self.kv.reload(&settings.kv);
         self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
         self.next_tick = self.next_tick.min(now + self.tick_every);
@@ -123,20 +158,22 @@ impl Coordinator {
         self.user.resize(dp_size);
         self.health.resize(dp_size);
         self.metrics.resize(dp_size);
+        self.kv.resize(dp_size);
         self.limits.dp_size = dp_size;
     }
 
     /// One message from an engine source: every frame, or `None` when it
     /// had more frames than the transport keeps.
     pub fn on_source<F: Deref<Target = [u8]>>(&mut self, kind: SourceKind, frames: Option<&[F]>, now: Instant) {
-        let decoded = wire::decode_source(kind, frames, self.limits.max_message_bytes);
+        let decoded = wire::decode_source(kind, frames, &self.sources);
         if let SourceKind::VllmMetrics { .. } = kind {
             // The scraper counts the scrapes that brought no body.
             self.metrics.scrapes.count(if decoded.is_ok() { ScrapeResult::Ok } else { ScrapeResult::Malformed });
         }
-        match decoded {
-            Ok(event) => self.on_event(event, now),
-            Err(e) => self.dropped(StatsResult::Malformed, &e, now),
+        match (decoded, kind) {
+            (Ok(event), _) => self.on_event(event, now),
+            (Err(e), SourceKind::KvEvents { .. }) => self.kv.drop_batch(BatchResult::Malformed, &e.to_string(), now),
+            (Err(e), _) => self.dropped(StatsResult::Malformed, &e, now),
         }
     }
 
@@ -145,12 +182,16 @@ impl Coordinator {
         match event {
             EngineEvent::Load(report) => match self.engines.apply(&report, now) {
                 Ok(accepted) => {
+                    if accepted.restarted && self.kv.index().holds_any(accepted.rank) {
+                        self.kv.reset(Some(accepted.rank), ResetCause::Restart);
+                    }
                     self.user.on_report(&accepted, &self.engines, now);
                     self.metrics.stats(StatsResult::Ok);
                     self.metrics.stats_missed.inc_by(accepted.missed);
                 }
                 Err(reject) => self.dropped(reject_result(&reject), &reject, now),
             },
+            EngineEvent::Kv(msg) => self.kv.on_message(msg, now),
         }
     }
 
@@ -260,7 +301,7 @@ impl Coordinator {
     fn answer_health(
         &mut self,
         id: Option<Id<'_>>,
-        op: HealthOp,
+        op: HealthOp<'_>,
         now: Instant,
         out: &mut Vec<u8>,
     ) -> Result<(), WireError> {
@@ -279,14 +320,30 @@ impl Coordinator {
                 self.admin(op, now)?;
                 wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch());
             }
+            HealthOp::Prefix(q) => self.answer_prefix(id, &q, out),
         }
         Ok(())
+    }
+
+    /// The `prefix` op: how many whole blocks the prompt has, and how many
+    /// of them, from the first, each rank holds on GPU.
+    fn answer_prefix(&mut self, id: Option<Id<'_>>, q: &PrefixQuery<'_>, out: &mut Vec<u8>) {
+        let (tokens, chain, matched) = &mut self.prefix_scratch;
+        q.tokens_into(tokens);
+        chain.clear();
+        let index = self.kv.index();
+        if let Some(bs) = index.block_size() {
+            keys::chain_keys(keys::chain_seed(q.lora, q.salt), tokens, bs as usize, chain);
+        }
+        index.leading(chain, matched);
+        wire::encode_prefix(out, id, chain.len(), matched);
     }
 
     /// Liveness, epoch, pending expiry, penalties and gauges.
     pub fn tick(&mut self, now: Instant) {
         let started = Instant::now();
         self.engines.tick(now);
+        self.kv.tick(now, &self.engines);
         self.user.tick(now, &self.engines);
         super::export::export(&self.engines, &self.user, &self.metrics, now);
         self.published.set(self.state_view(now));
@@ -296,7 +353,7 @@ impl Coordinator {
 
     /// The engine table as the `state` op and `/state` show it.
     pub fn state_view(&self, now: Instant) -> wire::StateView {
-        super::export::state_view(&self.engines, &self.user, now)
+        super::export::state_view(&self.engines, &self.user, self.kv.index(), now)
     }
 }
 

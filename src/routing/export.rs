@@ -4,6 +4,8 @@
 use std::time::Instant;
 
 use super::user::UserDispatcher;
+use crate::engines::kv::Medium;
+use crate::engines::prefix::PrefixIndex;
 use crate::engines::EngineTable;
 use crate::observability::metrics::Metrics;
 use crate::wire::{RankView, StateView};
@@ -35,7 +37,7 @@ pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Met
 }
 
 /// The engine table with dpcoord's own books beside each rank.
-pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, now: Instant) -> StateView {
+pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, kv: &PrefixIndex, now: Instant) -> StateView {
     let ranks = engines
         .iter()
         .enumerate()
@@ -51,8 +53,13 @@ pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, now: Inst
                 age_ms: e.age(now).map(|a| a.as_millis() as u64),
                 boot: e.last_update.is_some().then_some(e.boot),
                 load: user.load(rank, engines),
+                kv_blocks: Medium::ALL
+                    .into_iter()
+                    .map(|m| (m.as_str(), kv.blocks(rank, m) as u64))
+                    .filter(|&(_, n)| n > 0)
+                    .collect(),
             }
         })
         .collect();
-    StateView { epoch: engines.epoch(), policy: user.policy().as_str(), ranks }
+    StateView { epoch: engines.epoch(), policy: user.policy().as_str(), ranks, kv_block_size: kv.block_size() }
 }

@@ -7,6 +7,7 @@
 
 mod coordinator;
 mod export;
+mod kv;
 mod ledger;
 mod policy;
 mod published;

@@ -4,6 +4,7 @@
 //! holds no state: the transport hands it frames, it hands back typed
 //! queries and engine events, and the coordinator hands it answers.
 
+mod kv_events;
 pub mod msgpack;
 mod query;
 mod reply;
@@ -13,15 +14,17 @@ mod stats;
 mod vllm_metrics;
 
 pub use crate::engines::Target;
+pub use kv_events::{decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError};
 pub use query::{
-    decode_health_query, decode_route_query, Admin, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,
-    RouteRequest,
+    decode_health_query, decode_route_query, Admin, Channel, HealthOp, PrefixQuery, Probe, Query, QueryLimits,
+    Rejected, RouteOp, RouteRequest,
 };
 pub use reply::{
-    encode_admin, encode_error, encode_health_rank, encode_ok, encode_ranks, encode_state, RankView, StateView,
+    encode_admin, encode_error, encode_health_rank, encode_ok, encode_prefix, encode_ranks, encode_state, RankView,
+    StateView,
 };
 pub use sglang::{decode_sglang_load, SglangError};
-pub use source::{decode_source, SourceError, SourceKind};
+pub use source::{decode_source, SourceError, SourceKind, SourceLimits};
 pub use stats::{decode_stats, StatsError};
 pub use vllm_metrics::{decode_vllm_metrics, VllmMetricsError, MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES};
 

@@ -60,6 +60,11 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: 0 }
     }
 
+    /// How many bytes have been consumed.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     /// True when every byte has been consumed.
     pub fn at_end(&self) -> bool {
         self.pos == self.buf.len()

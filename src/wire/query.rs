@@ -41,11 +41,40 @@ pub enum RouteOp<'a> {
 /// A query on the health socket. A different type from [`RouteOp`], so a
 /// health query cannot reach the code that answers user routes.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum HealthOp {
+pub enum HealthOp<'a> {
     Ping,
     State,
     Probe(Probe),
     Admin(Admin),
+    /// `prefix`: which ranks hold a prompt's leading KV blocks (read only).
+    Prefix(PrefixQuery<'a>),
+}
+
+/// The most tokens a `prefix` query may carry.
+pub const MAX_PREFIX_TOKENS: u32 = 1 << 20;
+
+/// A prompt to look up in the KV index: its token ids (checked, kept as
+/// the MessagePack array they came in) and the chain's LoRA name and salt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixQuery<'a> {
+    tokens: &'a [u8],
+    pub lora: Option<&'a str>,
+    pub salt: Option<&'a str>,
+}
+
+impl PrefixQuery<'_> {
+    /// The token ids, into `out`.
+    pub fn tokens_into(&self, out: &mut Vec<u32>) {
+        out.clear();
+        let mut r = Reader::new(self.tokens);
+        if let Ok(Value::Array(n)) = r.read() {
+            // Checked by `decode_prefix`: every element is an int below 2^32.
+            out.extend((0..n).filter_map(|_| match r.read() {
+                Ok(Value::Int(t)) => u32::try_from(t).ok(),
+                _ => None,
+            }));
+        }
+    }
 }
 
 /// An operator's change to the running daemon (health socket only).
@@ -103,6 +132,10 @@ struct Fields<'a> {
     session: Option<Value<'a>>,
     ok: Option<Value<'a>>,
     dp_size: Option<Value<'a>>,
+    /// The whole encoded value of `tokens` (an array, read later).
+    tokens: Option<&'a [u8]>,
+    lora: Option<Value<'a>>,
+    salt: Option<Value<'a>>,
 }
 
 /// A decode failure, with the id when it could still be read.
@@ -131,8 +164,13 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
             Value::Str(k) => k,
             other => return Err(bad(format!("map keys must be strings, got {}", other.type_name()))),
         };
+        let start = r.position();
         let value = r.read().map_err(undecodable)?;
         r.skip_rest(value).map_err(undecodable)?;
+        if key == "tokens" {
+            f.tokens = (value != Value::Nil).then(|| &bytes[start..r.position()]);
+            continue;
+        }
         let slot = match key {
             "v" => &mut f.v,
             "op" => &mut f.op,
@@ -144,6 +182,8 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
             "session" => &mut f.session,
             "ok" => &mut f.ok,
             "dp_size" => &mut f.dp_size,
+            "lora" => &mut f.lora,
+            "salt" => &mut f.salt,
             _ => continue, // unknown keys are ignored
         };
         *slot = (value != Value::Nil).then_some(value);
@@ -220,7 +260,43 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a
     Ok(RouteRequest { n, prompt_tokens, target, session })
 }
 
-fn decode_report(f: &Fields<'_>, dp_size: u32) -> Result<HealthOp, WireError> {
+fn opt_str<'a>(name: &str, v: Option<Value<'a>>) -> Result<Option<&'a str>, WireError> {
+    match v {
+        None => Ok(None),
+        Some(Value::Str(s)) => Ok(Some(s)),
+        Some(other) => Err(bad(format!("`{name}` must be a string, got {}", other.type_name()))),
+    }
+}
+
+fn decode_prefix<'a>(f: &Fields<'a>) -> Result<PrefixQuery<'a>, WireError> {
+    let raw = f.tokens.ok_or_else(|| bad("`prefix` needs `tokens`, an array of token ids"))?;
+    let mut r = Reader::new(raw);
+    let n = match r.read() {
+        Ok(Value::Array(n)) if n <= MAX_PREFIX_TOKENS => n,
+        Ok(Value::Array(n)) => {
+            let msg = format!("`tokens` has {n} ids, above the limit of {MAX_PREFIX_TOKENS}");
+            return Err(WireError::new(ErrorCode::TooLarge, msg));
+        }
+        Ok(other) => return Err(bad(format!("`tokens` must be an array, got {}", other.type_name()))),
+        Err(e) => return Err(bad(format!("query is not valid MessagePack: {e}"))),
+    };
+    for i in 0..n {
+        match r.read() {
+            Ok(Value::Int(t)) if (0..=i128::from(u32::MAX)).contains(&t) => {}
+            Ok(other) => {
+                let got = match other {
+                    Value::Int(t) => t.to_string(),
+                    other => other.type_name().to_owned(),
+                };
+                return Err(bad(format!("`tokens[{i}]` must be a token id in 0..2^32, got {got}")));
+            }
+            Err(e) => return Err(bad(format!("query is not valid MessagePack: {e}"))),
+        }
+    }
+    Ok(PrefixQuery { tokens: raw, lora: opt_str("lora", f.lora)?, salt: opt_str("salt", f.salt)? })
+}
+
+fn decode_report<'a>(f: &Fields<'a>, dp_size: u32) -> Result<HealthOp<'a>, WireError> {
     let rank = f.rank.ok_or_else(|| bad("`health_report` needs `rank`"))?;
     let rank = decode_rank(rank, dp_size)?;
     let ok = match f.ok {
@@ -250,7 +326,7 @@ fn wrong_socket(name: &str, on: Channel, served_on: Channel) -> WireError {
 fn unknown_op(name: &str, ch: Channel) -> WireError {
     let served = match ch {
         Channel::Route => "route, ping, state",
-        Channel::Health => "health_route, health_report, resize, reload, ping, state",
+        Channel::Health => "health_route, health_report, resize, reload, prefix, ping, state",
     };
     WireError::new(ErrorCode::UnknownOp, format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()))
 }
@@ -260,14 +336,14 @@ fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp
         "ping" => Ok(RouteOp::Ping),
         "state" => Ok(RouteOp::State),
         "route" => decode_route(f, lim).map(RouteOp::Route),
-        "health_route" | "health_report" | "resize" | "reload" => {
+        "health_route" | "health_report" | "resize" | "reload" | "prefix" => {
             Err(wrong_socket(name, Channel::Route, Channel::Health))
         }
         _ => Err(unknown_op(name, Channel::Route)),
     }
 }
 
-fn health_op(name: &str, f: &Fields<'_>, lim: &QueryLimits) -> Result<HealthOp, WireError> {
+fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<HealthOp<'a>, WireError> {
     match name {
         "ping" => Ok(HealthOp::Ping),
         "state" => Ok(HealthOp::State),
@@ -275,6 +351,7 @@ fn health_op(name: &str, f: &Fields<'_>, lim: &QueryLimits) -> Result<HealthOp, 
         "health_report" => decode_report(f, lim.dp_size),
         "resize" => decode_resize(f).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
+        "prefix" => decode_prefix(f).map(HealthOp::Prefix),
         "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }
@@ -286,7 +363,7 @@ pub fn decode_route_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Quer
 }
 
 /// Decodes and checks one query of the health socket.
-pub fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, HealthOp>, Rejected<'a>> {
+pub fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, HealthOp<'a>>, Rejected<'a>> {
     decode_query(bytes, lim, |name, f| health_op(name, f, lim))
 }
 

@@ -95,8 +95,9 @@ fn health_report_needs_rank_and_bool() {
     let h = |extra: &[(&str, rmpv::Value)]| {
         let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];
         v.extend_from_slice(extra);
-        let bytes = q(&v);
-        decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
+        // Leaked so the decoded op, which may borrow it, can leave the closure.
+        let bytes: &'static [u8] = Vec::leak(q(&v));
+        decode_health_query(bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
     };
     assert_eq!(
         h(&[("rank", 2.into()), ("ok", false.into())]),
@@ -119,8 +120,8 @@ fn trailing_bytes_are_rejected() {
 #[test]
 fn admin_ops_on_the_health_socket_only() {
     let h = |pairs: &[(&str, rmpv::Value)]| {
-        let bytes = q(pairs);
-        decode_health_query(&bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
+        let bytes: &'static [u8] = Vec::leak(q(pairs));
+        decode_health_query(bytes, &LIM).map(|q| q.op).map_err(|r| r.error.code)
     };
     let resize = |n: rmpv::Value| h(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", n)]);
     assert_eq!(resize(12.into()), Ok(HealthOp::Admin(Admin::Resize(12))));
@@ -135,4 +136,29 @@ fn admin_ops_on_the_health_socket_only() {
         ErrorCode::UnknownOp
     );
     assert_eq!(code(&q(&[("v", 1.into()), ("op", "reload".into())]), Channel::Route), ErrorCode::UnknownOp);
+}
+
+#[test]
+fn the_prefix_op_checks_its_tokens() {
+    let h = |pairs: &[(&str, rmpv::Value)]| {
+        let mut v = vec![("v", rmpv::Value::from(1)), ("op", "prefix".into())];
+        v.extend_from_slice(pairs);
+        let bytes: &'static [u8] = Vec::leak(q(&v));
+        decode_health_query(bytes, &LIM).map(|q| q.op).map_err(|r| (r.error.code, r.error.message))
+    };
+    let tokens = |xs: &[i64]| rmpv::Value::Array(xs.iter().map(|&x| x.into()).collect());
+    let Ok(HealthOp::Prefix(p)) = h(&[("tokens", tokens(&[1, 2, 4_000_000_000])), ("lora", "a".into())]) else {
+        panic!("refused")
+    };
+    let mut got = Vec::new();
+    p.tokens_into(&mut got);
+    assert_eq!((got, p.lora, p.salt), (vec![1, 2, 4_000_000_000], Some("a"), None));
+    let bad = |pairs: &[(&str, rmpv::Value)]| h(pairs).unwrap_err();
+    assert_eq!(bad(&[]), (ErrorCode::BadRequest, "`prefix` needs `tokens`, an array of token ids".into()));
+    assert_eq!(bad(&[("tokens", tokens(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
+    assert_eq!(bad(&[("tokens", "abc".into())]).1, "`tokens` must be an array, got a string");
+    assert_eq!(bad(&[("tokens", tokens(&[1])), ("salt", 5.into())]).1, "`salt` must be a string, got an integer");
+    // Only on the health socket.
+    let route: &'static [u8] = Vec::leak(q(&[("v", 1.into()), ("op", "prefix".into()), ("tokens", tokens(&[1]))]));
+    assert_eq!(decode_route_query(route, &LIM).unwrap_err().error.code, ErrorCode::UnknownOp);
 }

@@ -77,6 +77,8 @@ pub struct RankView {
     pub boot: Option<u64>,
     /// The active policy's load estimate for this rank.
     pub load: f64,
+    /// KV blocks indexed, by medium (only media with blocks).
+    pub kv_blocks: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// The engine table as the `state` op and `/state` show it.
@@ -85,6 +87,8 @@ pub struct StateView {
     pub epoch: u64,
     pub policy: &'static str,
     pub ranks: Vec<RankView>,
+    /// The KV block size the index learned; nil until then.
+    pub kv_block_size: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -96,6 +100,17 @@ struct State<'a> {
     epoch: u64,
     policy: &'static str,
     ranks: &'a [RankView],
+    kv_block_size: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Prefix<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    blocks: usize,
+    matched: &'a [u32],
 }
 
 fn write<T: Serialize>(out: &mut Vec<u8>, value: &T) {
@@ -134,7 +149,13 @@ pub fn encode_error(out: &mut Vec<u8>, id: Option<Id<'_>>, err: &WireError) {
 
 /// The `state` reply.
 pub fn encode_state(out: &mut Vec<u8>, id: Option<Id<'_>>, view: &StateView) {
-    write(out, &State { v: V, ok: true, id, epoch: view.epoch, policy: view.policy, ranks: &view.ranks });
+    let (epoch, policy, ranks, kv_block_size) = (view.epoch, view.policy, &view.ranks, view.kv_block_size);
+    write(out, &State { v: V, ok: true, id, epoch, policy, ranks, kv_block_size });
+}
+
+/// `{"v":1,"ok":true,"id":..,"blocks":B,"matched":[..]}` (the `prefix` op).
+pub fn encode_prefix(out: &mut Vec<u8>, id: Option<Id<'_>>, blocks: usize, matched: &[u32]) {
+    write(out, &Prefix { v: V, ok: true, id, blocks, matched });
 }
 
 #[cfg(test)]
@@ -159,6 +180,8 @@ mod tests {
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":9,"dp_size":12,"epoch":4}));
         encode_ok(&mut out, None, None);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true}));
+        encode_prefix(&mut out, Some(Id::Int(1)), 3, &[3, 0]);
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":1,"blocks":3,"matched":[3,0]}));
         encode_error(&mut out, Some(Id::UInt(u64::MAX)), &WireError::new(ErrorCode::TooLarge, "big"));
         assert_eq!(
             decode(&out),

@@ -9,6 +9,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::time::Duration;
 
+use super::kv_events::{decode_kv_message, KvFrameError};
 use super::sglang::{decode_sglang_load, SglangError};
 use super::stats::{decode_stats, StatsError};
 use super::vllm_metrics::{self, decode_vllm_metrics, VllmMetricsError};
@@ -23,7 +24,28 @@ pub enum SourceKind {
     SglangLoad,
     /// vLLM's `/metrics`, scraped every `interval`: `[rank, seq, body]`.
     VllmMetrics { interval: Duration },
+    /// KV-cache events of publisher `stream` (its place in
+    /// `kv_events.connect`): `[topic, seq, batch]`, or from its replay
+    /// socket `["", topic, seq, batch]`.
+    KvEvents { stream: u16, replay: bool },
 }
+
+/// The size limits of source messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceLimits {
+    /// `limits.max_message_bytes`.
+    pub message: usize,
+    /// `kv_events.max_batch_bytes`.
+    pub kv_batch: usize,
+}
+
+impl SourceLimits {
+    /// No limit, for decoders driven directly (fuzzing).
+    pub const NONE: SourceLimits = SourceLimits { message: usize::MAX, kv_batch: usize::MAX };
+}
+
+/// Room for a KV message's frames besides the batch (topic, seq, delimiter).
+const KV_FRAMES_BYTES: usize = 4096;
 
 impl SourceKind {
     pub fn as_str(self) -> &'static str {
@@ -31,15 +53,19 @@ impl SourceKind {
             SourceKind::Stats => "stats",
             SourceKind::SglangLoad => "sglang_load",
             SourceKind::VllmMetrics { .. } => "vllm_metrics",
+            SourceKind::KvEvents { replay: false, .. } => "kv_events",
+            SourceKind::KvEvents { replay: true, .. } => "kv_replay",
         }
     }
 
-    /// The largest message of this kind: `configured`
-    /// (`limits.max_message_bytes`), or a scraped body's own cap.
-    pub fn max_bytes(self, configured: usize) -> usize {
+    /// The largest message of this kind, all frames together: the
+    /// configured limit, or a scraped body's own cap. A KV message within
+    /// it whose batch alone is above `kv_batch` still counts its `seq`.
+    pub fn max_bytes(self, limits: &SourceLimits) -> usize {
         match self {
-            SourceKind::Stats | SourceKind::SglangLoad => configured,
+            SourceKind::Stats | SourceKind::SglangLoad => limits.message,
             SourceKind::VllmMetrics { .. } => vllm_metrics::MAX_BODY_BYTES + vllm_metrics::HEADER_BYTES,
+            SourceKind::KvEvents { .. } => limits.kv_batch.saturating_mul(2).saturating_add(KV_FRAMES_BYTES),
         }
     }
 }
@@ -62,6 +88,7 @@ pub enum SourceError {
     Stats(StatsError),
     Sglang(SglangError),
     VllmMetrics(VllmMetricsError),
+    Kv(KvFrameError),
 }
 
 impl fmt::Display for SourceError {
@@ -73,21 +100,21 @@ impl fmt::Display for SourceError {
             SourceError::Stats(e) => e.fmt(f),
             SourceError::Sglang(e) => e.fmt(f),
             SourceError::VllmMetrics(e) => e.fmt(f),
+            SourceError::Kv(e) => e.fmt(f),
         }
     }
 }
 
 /// Decodes one message of `kind`. `frames` is every frame received, or
-/// `None` when the message had more frames than the transport keeps;
-/// `max_bytes` is `limits.max_message_bytes`.
+/// `None` when the message had more frames than the transport keeps.
 pub fn decode_source<F: Deref<Target = [u8]>>(
     kind: SourceKind,
     frames: Option<&[F]>,
-    max_bytes: usize,
+    limits: &SourceLimits,
 ) -> Result<EngineEvent, SourceError> {
     let frames = frames.ok_or(SourceError::TooManyFrames)?;
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
-    let max_bytes = kind.max_bytes(max_bytes);
+    let max_bytes = kind.max_bytes(limits);
     if bytes > max_bytes {
         return Err(SourceError::TooLarge { bytes, max: max_bytes });
     }
@@ -102,6 +129,9 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
             decode_vllm_metrics(rank, seq, body, interval).map(EngineEvent::Load).map_err(SourceError::VllmMetrics)
         }
         (SourceKind::VllmMetrics { .. }, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
+        (SourceKind::KvEvents { stream, replay }, _) => {
+            decode_kv_message(stream, replay, frames, limits.kv_batch).map(EngineEvent::Kv).map_err(SourceError::Kv)
+        }
     }
 }
 
@@ -109,6 +139,10 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
 mod tests {
     use super::*;
     use crate::engines::LoadReport;
+
+    fn lim(message: usize) -> SourceLimits {
+        SourceLimits { message, kv_batch: 1 << 20 }
+    }
 
     fn update() -> Vec<u8> {
         let m = serde_json::json!({"v": 1, "rank": 2, "boot": 1, "seq": 3, "counts": [0, 0, 0, 0, 0]});
@@ -118,20 +152,20 @@ mod tests {
     #[test]
     fn one_frame_within_the_size_limit_decodes() {
         let u = update();
-        let got = decode_source(SourceKind::Stats, Some(&[&u[..]][..]), 1024);
+        let got = decode_source(SourceKind::Stats, Some(&[&u[..]][..]), &lim(1024));
         assert_eq!(got, Ok(EngineEvent::Load(LoadReport::new(2, 1, 3))));
         let two = [&u[..], &u[..]];
         assert_eq!(
-            decode_source(SourceKind::Stats, Some(&two[..]), 1024),
+            decode_source(SourceKind::Stats, Some(&two[..]), &lim(1024)),
             Err(SourceError::Frames { got: 2, want: 1 })
         );
         assert_eq!(
-            decode_source(SourceKind::Stats, Some(&[&u[..]][..]), 8),
+            decode_source(SourceKind::Stats, Some(&[&u[..]][..]), &lim(8)),
             Err(SourceError::TooLarge { bytes: u.len(), max: 8 })
         );
-        assert_eq!(decode_source::<&[u8]>(SourceKind::Stats, None, 1024), Err(SourceError::TooManyFrames));
+        assert_eq!(decode_source::<&[u8]>(SourceKind::Stats, None, &lim(1024)), Err(SourceError::TooManyFrames));
         let garbage = [&b"\xc1"[..]];
-        assert!(matches!(decode_source(SourceKind::Stats, Some(&garbage[..]), 1024), Err(SourceError::Stats(_))));
+        assert!(matches!(decode_source(SourceKind::Stats, Some(&garbage[..]), &lim(1024)), Err(SourceError::Stats(_))));
     }
 
     #[test]
@@ -139,11 +173,11 @@ mod tests {
         let kind = SourceKind::VllmMetrics { interval: std::time::Duration::from_millis(250) };
         let body = format!("# {}\nvllm:num_requests_waiting 1\nvllm:num_requests_running 2\n", "p".repeat(70_000));
         let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], body.as_bytes()];
-        let Ok(EngineEvent::Load(r)) = decode_source(kind, Some(&frames[..]), 65_536) else { panic!("refused") };
+        let Ok(EngineEvent::Load(r)) = decode_source(kind, Some(&frames[..]), &lim(65_536)) else { panic!("refused") };
         assert_eq!((r.rank, r.counts.waiting, r.counts.running), (7, 1, 2));
         let big = vec![b'#'; vllm_metrics::MAX_BODY_BYTES + 1];
         let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], &big[..]];
-        assert!(matches!(decode_source(kind, Some(&frames[..]), 65_536), Err(SourceError::TooLarge { .. })));
-        assert_eq!(decode_source(kind, Some(&frames[..1]), 65_536), Err(SourceError::Frames { got: 1, want: 3 }));
+        assert!(matches!(decode_source(kind, Some(&frames[..]), &lim(65_536)), Err(SourceError::TooLarge { .. })));
+        assert_eq!(decode_source(kind, Some(&frames[..1]), &lim(65_536)), Err(SourceError::Frames { got: 1, want: 3 }));
     }
 }

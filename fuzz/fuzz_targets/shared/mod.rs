@@ -8,7 +8,7 @@ use std::time::Instant;
 use dpcoord::config::Config;
 use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
-use dpcoord::wire::{decode_source, SourceKind};
+use dpcoord::wire::{decode_source, SourceKind, SourceLimits};
 
 thread_local! {
     static COORD: RefCell<Coordinator> = RefCell::new({
@@ -25,7 +25,7 @@ pub fn feed(kind: SourceKind, frames: &[&[u8]]) {
         let now = Instant::now();
         let before = coord.state_view(now);
         coord.on_source(kind, Some(frames), now);
-        if decode_source(kind, Some(frames), usize::MAX).is_err() {
+        if decode_source(kind, Some(frames), &SourceLimits::NONE).is_err() {
             assert_eq!(coord.state_view(now), before, "a rejected message changed state");
         }
         coord.tick(now);

@@ -1,0 +1,93 @@
+//! KV-cache events: which blocks an engine rank stored or evicted, once the
+//! engines' `KVEventBatch` wire format is decoded (`wire::kv_events`).
+
+/// Where a block lives. Only `Gpu` blocks count toward prefix matches; the
+/// others are indexed apart (docs/PROTOCOL.md §11a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    Gpu,
+    /// vLLM `CPU`, SGLang `CPU_PINNED`.
+    Cpu,
+    /// vLLM `STORAGE`, SGLang `DISK`.
+    Disk,
+    /// SGLang `EXTERNAL` (a shared or remote pool).
+    External,
+}
+
+impl Medium {
+    pub const ALL: [Medium; 4] = [Medium::Gpu, Medium::Cpu, Medium::Disk, Medium::External];
+
+    /// The engine's name, `None` (nil) meaning GPU; `None` back for a name
+    /// no engine uses.
+    pub fn parse(name: Option<&str>) -> Option<Medium> {
+        Some(match name {
+            None | Some("GPU") => Medium::Gpu,
+            Some("CPU" | "CPU_PINNED") => Medium::Cpu,
+            Some("STORAGE" | "DISK") => Medium::Disk,
+            Some("EXTERNAL") => Medium::External,
+            Some(_) => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+            Medium::Disk => "DISK",
+            Medium::External => "EXTERNAL",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// `BlockStored`: consecutive blocks of one prefix, the first continuing
+/// `parent` (the engine's hash) or starting a chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The engine's hash of each block (its last 8 bytes when longer).
+    pub hashes: Vec<u64>,
+    pub parent: Option<u64>,
+    /// Every token of the listed blocks, `hashes.len() * block_size`.
+    pub tokens: Vec<u32>,
+    pub block_size: u32,
+    pub medium: Medium,
+    pub lora: Option<String>,
+    pub salt: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    Stored(Stored),
+    Removed { hashes: Vec<u64>, medium: Medium },
+    Cleared,
+}
+
+/// One decoded `KVEventBatch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvBatch {
+    /// The batch's own `dp_rank`; nil when the engine left it out.
+    pub rank: Option<u32>,
+    pub events: Vec<KvEvent>,
+}
+
+/// One message of a KV publisher or of its replay socket, before the
+/// payload is applied: `stream` is the publisher's position in
+/// `kv_events.connect` (after expansion).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvMessage {
+    pub stream: u16,
+    pub from_replay: bool,
+    pub body: KvBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvBody {
+    /// A numbered batch; the payload decoded, or why not (the `seq` still
+    /// counts: a batch that does not decode is not a gap).
+    Batch { seq: u64, batch: Result<KvBatch, String> },
+    /// The replay socket's end marker.
+    ReplayEnd,
+}

@@ -1,0 +1,236 @@
+//! The prefix index: which KV blocks each rank holds, keyed by dpcoord's
+//! own chained block keys (`keys`), fed by the engines' KV events.
+//!
+//! Two maps, chosen for lookup speed and bytes per block:
+//! - `holders`: block key -> a bitset of the ranks holding it on GPU (one
+//!   word per 64 ranks, the word's group mixed into the map key), so a
+//!   prompt's leading-match scan is one probe per block for up to 64 ranks,
+//!   and it stops at the first block no rank holds.
+//! - per rank and medium, the engine's block hash -> (key, insertion
+//!   stamp) (`blocks.rs`), because `BlockRemoved` names blocks by the
+//!   engine's hash, which a router cannot recompute.
+//!
+//! A radix tree over token blocks (SGLang's gateway, Dynamo) would share
+//! prefix nodes, but every node costs a pointer chase on lookup and more
+//! bytes than a map entry; chained keys already make each block's key
+//! stand for its whole prefix, so flat maps give the same answers.
+
+mod blocks;
+pub mod keys;
+
+use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
+
+use self::blocks::RankBlocks;
+use super::kv::{KvEvent, Medium, Stored};
+
+/// Ranks per bitset word.
+const WORD: u32 = 64;
+
+/// The `holders` map key of block `key` for the rank group `group`.
+fn slot(key: u64, group: u32) -> u64 {
+    key ^ u64::from(group).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// What one batch did to a rank's index, by event outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Blocks indexed.
+    pub stored: u64,
+    /// Blocks removed.
+    pub removed: u64,
+    /// `AllBlocksCleared` events.
+    pub cleared: u64,
+    /// `BlockStored` events whose parent the rank's index does not hold.
+    pub unknown_parent: u64,
+    /// Removed hashes the rank's index does not hold.
+    pub unknown_block: u64,
+    /// `BlockStored` events with a wrong token count or block size.
+    pub bad_event: u64,
+    /// Blocks dropped by the per-rank cap, oldest first.
+    pub evicted: u64,
+}
+
+pub struct PrefixIndex {
+    /// Learned from the first `BlockStored`; every later one must match.
+    block_size: Option<u32>,
+    holders: HashMap<u64, u64, RandomState>,
+    ranks: Vec<RankBlocks>,
+    /// `kv_events.max_blocks_per_rank`, all media together.
+    cap: usize,
+    keys: Vec<u64>,
+}
+
+impl PrefixIndex {
+    pub fn new(dp_size: u32, cap: usize) -> Self {
+        PrefixIndex {
+            block_size: None,
+            holders: HashMap::default(),
+            ranks: (0..dp_size).map(|_| RankBlocks::default()).collect(),
+            cap,
+            keys: Vec::new(),
+        }
+    }
+
+    pub fn block_size(&self) -> Option<u32> {
+        self.block_size
+    }
+
+    pub fn set_cap(&mut self, cap: usize) {
+        self.cap = cap;
+    }
+
+    pub fn dp_size(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// Whether rank `rank` holds any block, on any medium.
+    pub fn holds_any(&self, rank: u32) -> bool {
+        self.ranks.get(rank as usize).is_some_and(|r| r.total() > 0)
+    }
+
+    /// Blocks rank `rank` holds on `medium`.
+    pub fn blocks(&self, rank: u32, medium: Medium) -> usize {
+        self.ranks.get(rank as usize).map_or(0, |r| r.len(medium))
+    }
+
+    /// Distinct GPU block keys held by any rank.
+    pub fn distinct_keys(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Grows or shrinks to `dp_size` ranks; removed ranks' blocks go.
+    pub fn resize(&mut self, dp_size: u32) {
+        for rank in dp_size..self.ranks.len() as u32 {
+            self.clear(rank);
+        }
+        self.ranks.resize_with(dp_size as usize, RankBlocks::default);
+    }
+
+    /// Applies one batch of events to rank `rank` (in range).
+    pub fn apply(&mut self, rank: u32, events: &[KvEvent]) -> Applied {
+        let mut a = Applied::default();
+        for ev in events {
+            match ev {
+                KvEvent::Stored(st) => self.store(rank, st, &mut a),
+                KvEvent::Removed { hashes, medium } => {
+                    for &h in hashes {
+                        match self.ranks[rank as usize].remove(*medium, h) {
+                            Some(key) => {
+                                a.removed += 1;
+                                if *medium == Medium::Gpu {
+                                    unset(&mut self.holders, key, rank);
+                                }
+                            }
+                            None => a.unknown_block += 1,
+                        }
+                    }
+                }
+                KvEvent::Cleared => {
+                    self.clear(rank);
+                    a.cleared += 1;
+                }
+            }
+        }
+        a.evicted = self.enforce_cap(rank);
+        a
+    }
+
+    fn store(&mut self, rank: u32, st: &Stored, a: &mut Applied) {
+        let bs = *self.block_size.get_or_insert(st.block_size);
+        if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
+            a.bad_event += 1;
+            return;
+        }
+        let blocks = &mut self.ranks[rank as usize];
+        let parent = match st.parent {
+            None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
+            Some(p) => match blocks.key_of(st.medium, p) {
+                Some(k) => k,
+                None => {
+                    a.unknown_parent += 1;
+                    return;
+                }
+            },
+        };
+        self.keys.clear();
+        keys::chain_keys(parent, &st.tokens, bs as usize, &mut self.keys);
+        for (&hash, &key) in st.hashes.iter().zip(&self.keys) {
+            let replaced = blocks.insert(st.medium, hash, key);
+            if st.medium == Medium::Gpu {
+                if let Some(old) = replaced {
+                    unset(&mut self.holders, old, rank);
+                }
+                *self.holders.entry(slot(key, rank / WORD)).or_insert(0) |= 1 << (rank % WORD);
+            }
+            a.stored += 1;
+        }
+    }
+
+    /// Empties rank `rank`'s index (every medium).
+    pub fn clear(&mut self, rank: u32) {
+        let Some(blocks) = self.ranks.get_mut(rank as usize) else { return };
+        for key in blocks.drain_gpu_keys() {
+            unset(&mut self.holders, key, rank);
+        }
+        blocks.clear();
+    }
+
+    /// Drops rank `rank`'s oldest blocks past the cap: everything older
+    /// than the newest 7/8 of the cap, so the scan runs once per cap/8
+    /// stores at most. Returns how many went.
+    fn enforce_cap(&mut self, rank: u32) -> u64 {
+        let blocks = &mut self.ranks[rank as usize];
+        if blocks.total() <= self.cap {
+            return 0;
+        }
+        let keep = self.cap - self.cap / 8;
+        let holders = &mut self.holders;
+        blocks.evict_older_than_newest(keep, |key| unset(holders, key, rank))
+    }
+
+    /// For the chain `keys`, how many leading blocks each rank holds on
+    /// GPU: `out[r]`, for every rank (`out` is resized to the rank count).
+    pub fn leading(&self, keys: &[u64], out: &mut Vec<u32>) {
+        let dp = self.ranks.len() as u32;
+        out.clear();
+        out.resize(dp as usize, 0);
+        for group in 0..dp.div_ceil(WORD) {
+            let in_group = (dp - group * WORD).min(WORD);
+            let mut active = if in_group == WORD { u64::MAX } else { (1u64 << in_group) - 1 };
+            let mut matched = 0;
+            while matched < keys.len() && active != 0 {
+                let bits = self.holders.get(&slot(keys[matched], group)).copied().unwrap_or(0);
+                set_ranks(out, group, active & !bits, matched);
+                active &= bits;
+                matched += 1;
+            }
+            set_ranks(out, group, active, matched);
+        }
+    }
+}
+
+/// `out[r] = n` for each rank `r` of `group` whose bit is set in `bits`.
+fn set_ranks(out: &mut [u32], group: u32, mut bits: u64, n: usize) {
+    while bits != 0 {
+        let b = bits.trailing_zeros();
+        out[(group * WORD + b) as usize] = n as u32;
+        bits &= bits - 1;
+    }
+}
+
+/// Rank `rank` no longer holds `key` on GPU.
+fn unset(holders: &mut HashMap<u64, u64, RandomState>, key: u64, rank: u32) {
+    let s = slot(key, rank / WORD);
+    if let Some(bits) = holders.get_mut(&s) {
+        *bits &= !(1 << (rank % WORD));
+        if *bits == 0 {
+            holders.remove(&s);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,131 @@
+use super::keys::{chain_keys, chain_seed};
+use super::*;
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
+    stored_on(hashes, parent, tokens, Medium::Gpu)
+}
+
+fn stored_on(hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: Medium) -> KvEvent {
+    KvEvent::Stored(Stored {
+        hashes: hashes.to_vec(),
+        parent,
+        tokens: tokens.to_vec(),
+        block_size: 2,
+        medium,
+        lora: None,
+        salt: None,
+    })
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::Removed { hashes: hashes.to_vec(), medium: Medium::Gpu }
+}
+
+/// The keys of `tokens` in blocks of 2, no LoRA, no salt.
+fn keys_of(tokens: &[u32]) -> Vec<u64> {
+    let mut out = Vec::new();
+    chain_keys(chain_seed(None, None), tokens, 2, &mut out);
+    out
+}
+
+fn leading(ix: &PrefixIndex, tokens: &[u32]) -> Vec<u32> {
+    let mut out = Vec::new();
+    ix.leading(&keys_of(tokens), &mut out);
+    out
+}
+
+const PROMPT: [u32; 7] = [1, 2, 3, 4, 5, 6, 7];
+
+#[test]
+fn stores_chain_across_events_and_leading_counts_each_rank() {
+    let mut ix = PrefixIndex::new(3, 1000);
+    // Rank 0 holds three blocks (in two events: the second continues the first).
+    let a = ix.apply(0, &[stored(&[10, 11], None, &[1, 2, 3, 4]), stored(&[12], Some(11), &[5, 6])]);
+    assert_eq!(a, Applied { stored: 3, ..Applied::default() });
+    // Rank 2 holds the first block only, under its own engine hashes.
+    ix.apply(2, &[stored(&[90], None, &[1, 2])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![3, 0, 1], "the partial block 7 has no key");
+    assert_eq!(leading(&ix, &[1, 2, 9, 9]), vec![1, 0, 1]);
+    assert_eq!(leading(&ix, &[2, 1]), vec![0, 0, 0]);
+    assert_eq!((ix.block_size(), ix.blocks(0, Medium::Gpu), ix.distinct_keys()), (Some(2), 3, 3));
+}
+
+#[test]
+fn removals_clears_and_bad_events() {
+    let mut ix = PrefixIndex::new(2, 1000);
+    ix.apply(0, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    ix.apply(1, &[stored(&[20, 21, 22], None, &[1, 2, 3, 4, 5, 6])]);
+    // vLLM evicts a chain from its tail.
+    let a = ix.apply(0, &[removed(&[12, 99])]);
+    assert_eq!((a.removed, a.unknown_block), (1, 1));
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 3]);
+    // A middle block gone: the leading match stops there.
+    ix.apply(1, &[removed(&[21])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 1]);
+    // Unknown parent: dropped, nothing indexed.
+    let a = ix.apply(1, &[stored(&[30], Some(77), &[9, 9])]);
+    assert_eq!((a.unknown_parent, a.stored), (1, 0));
+    // Wrong token count, then another block size: both bad.
+    let a = ix.apply(1, &[stored(&[31], None, &[9, 9, 9])]);
+    let other_size = KvEvent::Stored(Stored { block_size: 4, ..stored_event(&[32], &[1, 2, 3, 4]) });
+    let b = ix.apply(1, &[other_size]);
+    assert_eq!((a.bad_event, b.bad_event), (1, 1));
+    let a = ix.apply(0, &[KvEvent::Cleared]);
+    assert_eq!(a.cleared, 1);
+    assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![0, 1], 0));
+    // Rank 1's blocks 20 and 22 remain; 22 no longer leads anywhere.
+    assert_eq!(ix.distinct_keys(), 2);
+}
+
+fn stored_event(hashes: &[u64], tokens: &[u32]) -> Stored {
+    let KvEvent::Stored(s) = stored(hashes, None, tokens) else { unreachable!() };
+    s
+}
+
+#[test]
+fn other_media_are_indexed_apart_and_do_not_match() {
+    let mut ix = PrefixIndex::new(1, 1000);
+    ix.apply(0, &[stored(&[10], None, &[1, 2])]);
+    // Offloaded to CPU, continuing a GPU parent.
+    let a = ix.apply(0, &[stored_on(&[11], Some(10), &[3, 4], Medium::Cpu)]);
+    assert_eq!(a.stored, 1);
+    assert_eq!((ix.blocks(0, Medium::Gpu), ix.blocks(0, Medium::Cpu)), (1, 1));
+    assert_eq!(leading(&ix, &PROMPT), vec![1]);
+    // Removing on GPU leaves the CPU copy.
+    ix.apply(0, &[removed(&[10])]);
+    assert_eq!((ix.blocks(0, Medium::Gpu), ix.blocks(0, Medium::Cpu), ix.distinct_keys()), (0, 1, 0));
+}
+
+#[test]
+fn the_cap_drops_the_oldest_blocks_first() {
+    let mut ix = PrefixIndex::new(1, 8);
+    for i in 0..8u32 {
+        ix.apply(0, &[stored(&[u64::from(i)], None, &[i, i])]);
+    }
+    assert_eq!(ix.blocks(0, Medium::Gpu), 8);
+    // The ninth store passes the cap: the newest 7 (8 - 8/8) stay.
+    let a = ix.apply(0, &[stored(&[8], None, &[8, 8])]);
+    assert_eq!((a.stored, a.evicted, ix.blocks(0, Medium::Gpu)), (1, 2, 7));
+    assert_eq!(leading(&ix, &[0, 0]), vec![0]);
+    assert_eq!(leading(&ix, &[1, 1]), vec![0]);
+    assert_eq!(leading(&ix, &[2, 2]), vec![1]);
+    assert_eq!(leading(&ix, &[8, 8]), vec![1]);
+    assert_eq!(ix.distinct_keys(), 7);
+}
+
+#[test]
+fn many_ranks_use_several_words_and_resize_drops_removed_ranks() {
+    let mut ix = PrefixIndex::new(130, 1000);
+    for rank in [0, 63, 64, 129] {
+        ix.apply(rank, &[stored(&[u64::from(rank)], None, &[1, 2])]);
+    }
+    ix.apply(129, &[stored(&[500], Some(129), &[3, 4])]);
+    let got = leading(&ix, &PROMPT);
+    let held: Vec<(usize, u32)> = got.iter().copied().enumerate().filter(|&(_, n)| n > 0).collect();
+    assert_eq!(held, vec![(0, 1), (63, 1), (64, 1), (129, 2)]);
+    ix.resize(64);
+    assert_eq!(leading(&ix, &PROMPT).iter().filter(|&&n| n > 0).count(), 2);
+    assert_eq!(ix.distinct_keys(), 1, "the removed ranks' keys are gone");
+    ix.resize(130);
+    assert_eq!(leading(&ix, &PROMPT)[129], 0);
+}

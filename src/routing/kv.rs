@@ -1,0 +1,261 @@
+//! The KV-event streams: `seq` per publisher, gaps recovered through the
+//! publisher's replay socket or answered by clearing the rank, and the
+//! prefix index they feed (docs/PROTOCOL.md §11a).
+//!
+//! The coordinator owns this; it does no I/O either: a replay to ask for
+//! is queued here and sent by the transport (`take_asks`).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::config::{KvEndpoint, KvSettings};
+use crate::engines::kv::{KvBatch, KvBody, KvMessage, Medium};
+use crate::engines::prefix::PrefixIndex;
+use crate::engines::{EngineTable, Status};
+use crate::observability::kv_metrics::{BatchResult, KvMetrics, ReplayResult, ResetCause};
+use crate::observability::ratelimit::LogLimiter;
+
+/// Live batches kept while a replay runs; past it the replay is given up.
+const MAX_BUFFERED: usize = 1000;
+
+type Payload = Result<KvBatch, String>;
+
+struct Replay {
+    /// The `seq` the replay must deliver next.
+    next: u64,
+    /// The first replay of a publisher (from 0): it may start later.
+    initial: bool,
+    delivered: bool,
+    /// A `seq` was missing from the replay.
+    broken: bool,
+    deadline: Instant,
+    live: VecDeque<(u64, Payload)>,
+}
+
+struct Stream {
+    /// The rank its `+rank` endpoint was written for.
+    hint: Option<u32>,
+    can_replay: bool,
+    /// The rank of the last batch applied.
+    rank: Option<u32>,
+    next: Option<u64>,
+    replay: Option<Replay>,
+}
+
+pub(super) struct KvStreams {
+    index: PrefixIndex,
+    streams: Vec<Stream>,
+    replay_timeout: Duration,
+    asks: Vec<(u16, u64)>,
+    metrics: KvMetrics,
+    log: LogLimiter<1>,
+}
+
+impl KvStreams {
+    pub fn new(kv: &KvSettings, dp_size: u32, metrics: KvMetrics) -> Self {
+        KvStreams {
+            index: PrefixIndex::new(dp_size, kv.max_blocks_per_rank),
+            streams: Vec::new(),
+            replay_timeout: kv.replay_timeout,
+            asks: Vec::new(),
+            metrics,
+            log: LogLimiter::default(),
+        }
+    }
+
+    /// The publishers, in `kv_events.connect` order (a message's `stream`).
+    pub fn set_endpoints(&mut self, endpoints: &[KvEndpoint]) {
+        self.streams = endpoints
+            .iter()
+            .map(|e| Stream { hint: e.rank, can_replay: e.replay.is_some(), rank: None, next: None, replay: None })
+            .collect();
+    }
+
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    pub fn reload(&mut self, kv: &KvSettings) {
+        self.index.set_cap(kv.max_blocks_per_rank);
+        self.replay_timeout = kv.replay_timeout;
+    }
+
+    pub fn resize(&mut self, dp_size: u32) {
+        self.index.resize(dp_size);
+        self.metrics.resize(dp_size);
+    }
+
+    /// Replays to ask for: `(stream, start_seq)`, moved into `out`.
+    pub fn take_asks(&mut self, out: &mut Vec<(u16, u64)>) {
+        out.append(&mut self.asks);
+    }
+
+    pub fn on_message(&mut self, msg: KvMessage, now: Instant) {
+        let s = usize::from(msg.stream);
+        if s >= self.streams.len() {
+            return;
+        }
+        match (msg.from_replay, msg.body) {
+            (false, KvBody::Batch { seq, batch }) => self.live(s, seq, batch, now),
+            (true, KvBody::Batch { seq, batch }) => self.replayed(s, seq, batch, now),
+            (true, KvBody::ReplayEnd) => self.finish_replay(s, None, now),
+            (false, KvBody::ReplayEnd) => {}
+        }
+    }
+
+    fn live(&mut self, s: usize, seq: u64, batch: Payload, now: Instant) {
+        if let Some(r) = &mut self.streams[s].replay {
+            if r.live.len() < MAX_BUFFERED {
+                r.live.push_back((seq, batch));
+                return;
+            }
+            self.finish_replay(s, Some(ReplayResult::Incomplete), now);
+        }
+        let st = &mut self.streams[s];
+        match st.next {
+            None if st.can_replay && seq > 0 => self.start_replay(s, 0, true, (seq, batch), now),
+            Some(next) if seq > next && st.can_replay => {
+                self.metrics.gap();
+                self.start_replay(s, next, false, (seq, batch), now);
+            }
+            Some(next) if seq < next && seq != 0 => self.metrics.batch(BatchResult::Stale),
+            next => {
+                if let Some(n) = next {
+                    if seq == 0 && n > 0 {
+                        self.reset(self.rank_of(s, &batch), ResetCause::Restart);
+                    } else if seq > n {
+                        self.metrics.gap();
+                        self.metrics.replay(ReplayResult::Unavailable);
+                        self.reset(self.rank_of(s, &batch), ResetCause::Gap);
+                    }
+                }
+                self.streams[s].next = Some(seq + 1);
+                self.apply(s, batch, now);
+            }
+        }
+    }
+
+    fn start_replay(&mut self, s: usize, from: u64, initial: bool, first: (u64, Payload), now: Instant) {
+        self.asks.push((s as u16, from));
+        self.streams[s].replay = Some(Replay {
+            next: from,
+            initial,
+            delivered: false,
+            broken: false,
+            deadline: now + self.replay_timeout,
+            live: VecDeque::from([first]),
+        });
+    }
+
+    fn replayed(&mut self, s: usize, seq: u64, batch: Payload, now: Instant) {
+        let Some(r) = &mut self.streams[s].replay else {
+            self.metrics.batch(BatchResult::Stale);
+            return;
+        };
+        if r.initial && !r.delivered && seq > r.next {
+            // The publisher's buffer starts later: history before it is unknown, not a gap.
+            r.next = seq;
+        }
+        if r.broken || seq < r.next {
+            self.metrics.batch(BatchResult::Stale);
+            return;
+        }
+        if seq > r.next {
+            r.broken = true;
+            return;
+        }
+        r.next += 1;
+        r.delivered = true;
+        self.apply(s, batch, now);
+    }
+
+    /// Ends stream `s`'s replay: `forced` when it timed out or overflowed.
+    fn finish_replay(&mut self, s: usize, forced: Option<ReplayResult>, now: Instant) {
+        let Some(r) = self.streams[s].replay.take() else { return };
+        let hole = forced.is_some() || r.broken || r.live.front().is_some_and(|(first, _)| *first > r.next);
+        if hole && (r.delivered || !r.initial) {
+            let rank = self.streams[s].rank.or(self.streams[s].hint);
+            self.reset(rank, ResetCause::Gap);
+        }
+        if !r.initial {
+            self.metrics.replay(forced.unwrap_or(if hole {
+                ReplayResult::Incomplete
+            } else {
+                ReplayResult::Recovered
+            }));
+        }
+        let mut next = r.next;
+        for (seq, batch) in r.live {
+            if seq < next {
+                self.metrics.batch(BatchResult::Stale);
+                continue;
+            }
+            next = seq + 1;
+            self.apply(s, batch, now);
+        }
+        self.streams[s].next = Some(next);
+    }
+
+    /// The rank a batch is about: its own, else its endpoint's, else the
+    /// stream's last.
+    fn rank_of(&self, s: usize, batch: &Payload) -> Option<u32> {
+        let st = &self.streams[s];
+        batch.as_ref().ok().and_then(|b| b.rank).or(st.hint).or(st.rank)
+    }
+
+    fn apply(&mut self, s: usize, batch: Payload, now: Instant) {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(why) => return self.drop_batch(BatchResult::Malformed, &why, now),
+        };
+        let Some(rank) = batch.rank.or(self.streams[s].hint) else {
+            let why = "KV events: the batch names no dp_rank and its endpoint is not a +rank form";
+            return self.drop_batch(BatchResult::Malformed, why, now);
+        };
+        if rank >= self.index.dp_size() {
+            let why = format!("KV events: dp_rank {rank} is outside 0..{}", self.index.dp_size());
+            return self.drop_batch(BatchResult::UnknownRank, &why, now);
+        }
+        self.streams[s].rank = Some(rank);
+        let a = self.index.apply(rank, &batch.events);
+        self.metrics.applied(rank, &a);
+        for _ in 0..a.cleared {
+            self.metrics.reset(rank, ResetCause::Cleared);
+        }
+        self.metrics.batch(BatchResult::Ok);
+    }
+
+    pub fn drop_batch(&mut self, result: BatchResult, why: &str, now: Instant) {
+        self.metrics.batch(result);
+        if let Some(suppressed) = self.log.allow(0, now) {
+            tracing::warn!(result = result.as_str(), reason = why, suppressed, "dropped a KV event batch");
+        }
+    }
+
+    /// Empties `rank`'s index (if known and in range) and counts why.
+    pub fn reset(&mut self, rank: Option<u32>, cause: ResetCause) {
+        let Some(rank) = rank.filter(|&r| r < self.index.dp_size()) else { return };
+        self.index.clear(rank);
+        self.metrics.reset(rank, cause);
+    }
+
+    /// Replays past their deadline end as incomplete; ranks that went
+    /// `down` lose their index; the block gauges are refreshed.
+    pub fn tick(&mut self, now: Instant, engines: &EngineTable) {
+        for s in 0..self.streams.len() {
+            if self.streams[s].replay.as_ref().is_some_and(|r| now >= r.deadline) {
+                self.finish_replay(s, Some(ReplayResult::Timeout), now);
+            }
+        }
+        for rank in 0..self.index.dp_size() {
+            if engines.get(rank).status == Status::Down && self.index.holds_any(rank) {
+                self.reset(Some(rank), ResetCause::Down);
+            }
+            self.metrics.blocks(rank, Medium::ALL.map(|m| self.index.blocks(rank, m)));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "kv_tests.rs"]
+mod tests;

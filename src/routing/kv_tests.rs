@@ -1,0 +1,155 @@
+use std::time::{Duration, Instant};
+
+use prometheus::Registry;
+
+use super::*;
+use crate::config::Settings;
+use crate::engines::kv::{KvEvent, Stored};
+use crate::engines::prefix::keys::{chain_keys, chain_seed};
+
+/// One stream with a replay socket, no rank hint, 2 ranks.
+fn streams() -> (KvStreams, Registry) {
+    let r = Registry::new();
+    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: Some("tcp://a:2".into()), rank: None }]);
+    (s, r)
+}
+
+/// A batch for rank 0 storing one chain-starting block of tokens `[t, t]`, engine hash `t`.
+fn store(t: u32) -> Payload {
+    let ev = KvEvent::Stored(Stored {
+        hashes: vec![u64::from(t)],
+        parent: None,
+        tokens: vec![t, t],
+        block_size: 2,
+        medium: Medium::Gpu,
+        lora: None,
+        salt: None,
+    });
+    Ok(KvBatch { rank: Some(0), events: vec![ev] })
+}
+
+fn msg(from_replay: bool, seq: u64, batch: Payload) -> KvMessage {
+    KvMessage { stream: 0, from_replay, body: KvBody::Batch { seq, batch } }
+}
+
+fn end() -> KvMessage {
+    KvMessage { stream: 0, from_replay: true, body: KvBody::ReplayEnd }
+}
+
+/// Whether rank 0 holds the block `[t, t]`.
+fn holds(s: &KvStreams, t: u32) -> bool {
+    let mut keys = Vec::new();
+    chain_keys(chain_seed(None, None), &[t, t], 2, &mut keys);
+    let mut out = Vec::new();
+    s.index().leading(&keys, &mut out);
+    out[0] == 1
+}
+
+fn counter(r: &Registry, name: &str, label: (&str, &str)) -> u64 {
+    let fams = r.gather();
+    let fam = fams.iter().find(|f| f.name() == name).unwrap_or_else(|| panic!("no {name}"));
+    let m = fam
+        .get_metric()
+        .iter()
+        .find(|m| label.0.is_empty() || m.get_label().iter().any(|l| l.name() == label.0 && l.value() == label.1));
+    m.map_or(0, |m| m.get_counter().get_value() as u64)
+}
+
+fn asks(s: &mut KvStreams) -> Vec<(u16, u64)> {
+    let mut out = Vec::new();
+    s.take_asks(&mut out);
+    out
+}
+
+#[test]
+fn the_first_batch_asks_for_history_and_a_gap_is_replayed_in_order() {
+    let (mut s, r) = streams();
+    let t0 = Instant::now();
+    s.on_message(msg(false, 5, store(5)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 0)], "history from 0");
+    assert!(!holds(&s, 5), "buffered until the replay ends");
+    // The publisher's buffer starts at 3: history before it is unknown, not a gap.
+    for seq in 3..=5 {
+        s.on_message(msg(true, seq, store(seq as u32)), t0);
+    }
+    s.on_message(end(), t0);
+    assert!(holds(&s, 3) && holds(&s, 4) && holds(&s, 5));
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 0);
+    // Live 6, then 8: 7 is missing; live 9 arrives during the replay.
+    s.on_message(msg(false, 6, store(6)), t0);
+    s.on_message(msg(false, 8, store(8)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 7)]);
+    s.on_message(msg(false, 9, store(9)), t0);
+    for seq in 7..=9 {
+        s.on_message(msg(true, seq, store(seq as u32)), t0);
+    }
+    s.on_message(end(), t0);
+    assert!((6..=9).all(|t| holds(&s, t)));
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "recovered")), 1);
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "stale")), 3, "live 5, then 8 and 9, came twice");
+    assert_eq!(counter(&r, "dpcoord_kv_event_gaps_total", ("", "")), 1, "7 was missing");
+}
+
+#[test]
+fn a_replay_that_cannot_cover_the_gap_clears_the_rank() {
+    let (mut s, r) = streams();
+    let t0 = Instant::now();
+    s.on_message(msg(false, 0, store(1)), t0);
+    assert!(holds(&s, 1));
+    s.on_message(msg(false, 3, store(3)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 1)]);
+    // The publisher no longer has 1: it replays from 2.
+    s.on_message(msg(true, 2, store(2)), t0);
+    s.on_message(msg(true, 3, store(3)), t0);
+    s.on_message(end(), t0);
+    assert!(!holds(&s, 1), "block 1 was stored before the hole");
+    assert!(holds(&s, 3), "the live batch after the hole is applied");
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "incomplete")), 1);
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 1);
+    // A replay that never ends times out at the tick.
+    s.on_message(msg(false, 6, store(6)), t0);
+    let engines = EngineTable::new(&crate::engines::testing::settings(2));
+    s.tick(t0 + Duration::from_millis(1999), &engines);
+    assert!(!holds(&s, 6));
+    s.tick(t0 + Duration::from_secs(2), &engines);
+    assert!(holds(&s, 6));
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "timeout")), 1);
+}
+
+#[test]
+fn a_restarted_publisher_clears_and_duplicates_are_stale() {
+    let (mut s, r) = streams();
+    let t0 = Instant::now();
+    s.on_message(msg(false, 0, store(1)), t0);
+    s.on_message(msg(false, 1, store(2)), t0);
+    s.on_message(msg(false, 1, store(9)), t0);
+    assert!(!holds(&s, 9));
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "stale")), 1);
+    s.on_message(msg(false, 0, store(3)), t0);
+    assert!(!holds(&s, 1) && !holds(&s, 2) && holds(&s, 3));
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "restart")), 1);
+    // A bad batch still takes its seq: 2 next is not a gap.
+    s.on_message(msg(false, 1, Err("bad".into())), t0);
+    s.on_message(msg(false, 2, store(4)), t0);
+    assert!(asks(&mut s).is_empty());
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "malformed")), 1);
+    // A rank out of range is refused.
+    let far = Ok(KvBatch { rank: Some(7), events: vec![KvEvent::Cleared] });
+    s.on_message(msg(false, 3, far), t0);
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "unknown_rank")), 1);
+}
+
+#[test]
+fn without_a_replay_socket_a_gap_clears_at_once() {
+    let r = Registry::new();
+    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: Some(0) }]);
+    let t0 = Instant::now();
+    s.on_message(msg(false, 4, store(1)), t0);
+    assert!(holds(&s, 1), "the first batch starts the stream");
+    s.on_message(msg(false, 6, store(2)), t0);
+    assert!(!holds(&s, 1) && holds(&s, 2));
+    assert!(asks(&mut s).is_empty());
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "unavailable")), 1);
+}
