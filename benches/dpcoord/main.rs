@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench dpcoord [-- PART...]` runs the full benchmark (cargo
 //! passes `--bench`) and prints one table per part plus a table of targets.
-//! Parts: `transport`, `decision`, `ingest`, `memory`; a filter selects the
+//! Parts: `transport`, `decision`, `ingest`, `memory`, `prefix`; a filter selects the
 //! parts whose name contains it. Without `--bench` (as `cargo test
 //! --all-targets` runs it) every part does a tiny bounded smoke run instead,
 //! about a second in all, and no target is judged.
@@ -16,6 +16,7 @@
 mod decision;
 mod ingest;
 mod memory;
+mod prefix;
 mod report;
 mod support;
 mod transport;
@@ -34,8 +35,13 @@ pub enum Mode {
 /// One benchmark part: it prints its table and records its targets.
 type Part = fn(Mode, &mut Report);
 
-const PARTS: [(&str, Part); 4] =
-    [("transport", transport::run), ("decision", decision::run), ("ingest", ingest::run), ("memory", memory::run)];
+const PARTS: [(&str, Part); 5] = [
+    ("transport", transport::run),
+    ("decision", decision::run),
+    ("ingest", ingest::run),
+    ("memory", memory::run),
+    ("prefix", prefix::run),
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

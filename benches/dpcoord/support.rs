@@ -140,6 +140,16 @@ impl Mp<'_> {
         rmp::encode::write_uint(self.0, v).expect("writing to a Vec cannot fail");
         self
     }
+
+    pub fn f64(&mut self, v: f64) -> &mut Self {
+        rmp::encode::write_f64(self.0, v).expect("writing to a Vec cannot fail");
+        self
+    }
+
+    pub fn nil(&mut self) -> &mut Self {
+        rmp::encode::write_nil(self.0).expect("writing to a Vec cannot fail");
+        self
+    }
 }
 
 /// The route query every transport server gets: `{"v":1,"op":"route","id":1}`.

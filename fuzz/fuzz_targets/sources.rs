@@ -1,5 +1,5 @@
 //! Native engine sources (SGLang's load stream, a scraped vLLM `/metrics`
-//! body) -> coordinator: nothing may panic, and a message the decoder
+//! body, the engines' KV event stream live and replayed) -> coordinator: nothing may panic, and a message the decoder
 //! rejects must leave the engine table unchanged. The input's first byte
 //! picks the source; the rest is split into frames at each 0xff byte.
 #![no_main]
@@ -13,9 +13,11 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, rest)) = data.split_first() else { return };
-    let kind = match pick % 2 {
+    let kind = match pick % 4 {
         0 => SourceKind::SglangLoad,
-        _ => SourceKind::VllmMetrics { interval: Duration::from_millis(250) },
+        1 => SourceKind::VllmMetrics { interval: Duration::from_millis(250) },
+        2 => SourceKind::KvEvents { stream: 0, replay: false },
+        _ => SourceKind::KvEvents { stream: 0, replay: true },
     };
     let frames: Vec<&[u8]> = rest.split(|&b| b == 0xff).take(8).collect();
     shared::feed(kind, &frames);

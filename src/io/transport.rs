@@ -20,6 +20,8 @@ const MAX_FRAMES: usize = 8;
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
 const BATCH: usize = 256;
+/// Work on one KV source per poll round before the other sockets are served.
+const KV_BUDGET: Duration = Duration::from_micros(200);
 /// Longest poll wait, which bounds how fast a stop request is seen.
 const MAX_WAIT: Duration = Duration::from_millis(50);
 /// On stop, queries are answered until the query sockets have been quiet
@@ -112,13 +114,20 @@ impl Frames {
     }
 }
 
-/// Reads a source until EAGAIN; `true` when the batch limit stopped it first.
+/// Reads a source until EAGAIN; `true` when the batch limit stopped it
+/// first. A KV event batch can hold thousands of blocks, so KV sources
+/// also stop after [`KV_BUDGET`] of work, and queries are served between.
 fn drain_source(src: &Source, f: &mut Frames, coord: &mut Coordinator) -> Result<bool, zmq::Error> {
+    let started = Instant::now();
+    let budgeted = matches!(src.kind, SourceKind::KvEvents { .. });
     for _ in 0..BATCH {
         if !f.recv(&src.socket)? {
             return Ok(false);
         }
         coord.on_source(src.kind, f.whole(), Instant::now());
+        if budgeted && started.elapsed() >= KV_BUDGET {
+            return Ok(true);
+        }
     }
     Ok(true)
 }

@@ -256,7 +256,7 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
     match name {
         "block_hashes" => {
             let Value::Array(n) = v else { return Err(field("block_hashes", "an array", v)) };
-            let mut hashes = Vec::new();
+            let mut hashes = Vec::with_capacity(r.room_for(n));
             for _ in 0..n {
                 hashes.push(hash_of(r.read()?)?);
             }
@@ -265,11 +265,15 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
         "parent_block_hash" => f.parent = if v == Value::Nil { None } else { Some(hash_of(v)?) },
         "token_ids" => {
             let Value::Array(n) = v else { return Err(field("token_ids", "an array", v)) };
-            let mut tokens = Vec::new();
+            let mut tokens = Vec::with_capacity(r.room_for(n));
             for _ in 0..n {
-                match r.read()? {
-                    Value::Int(t) if (0..=i128::from(u32::MAX)).contains(&t) => tokens.push(t as u32),
-                    other => return Err(field("token_ids", "token ids in 0..2^32", other)),
+                match r.small_uint() {
+                    Some(t) => tokens.push(t),
+                    // Not a u32 in any width: a u64 or i64 that is one, or an error.
+                    None => match r.read()? {
+                        Value::Int(t) if (0..=i128::from(u32::MAX)).contains(&t) => tokens.push(t as u32),
+                        other => return Err(field("token_ids", "token ids in 0..2^32", other)),
+                    },
                 }
             }
             f.tokens = Some(tokens);

@@ -65,6 +65,28 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
+    /// The next value if it is an unsigned integer below 2^32 in any width
+    /// (the common case of token ids, read without building a [`Value`]);
+    /// `None`, consuming nothing, for anything else.
+    pub fn small_uint(&mut self) -> Option<u32> {
+        let rest = &self.buf[self.pos..];
+        let (v, len) = match *rest.first()? {
+            b @ 0x00..=0x7f => (u32::from(b), 1),
+            0xcc => (u32::from(*rest.get(1)?), 2),
+            0xcd => (u32::from(u16::from_be_bytes([*rest.get(1)?, *rest.get(2)?])), 3),
+            0xce => (u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?), 5),
+            _ => return None,
+        };
+        self.pos += len;
+        Some(v)
+    }
+
+    /// `n` items, or fewer when fewer bytes are left (each item takes at
+    /// least one): a capacity to reserve that no length prefix can inflate.
+    pub fn room_for(&self, n: u32) -> usize {
+        (n as usize).min(self.buf.len() - self.pos)
+    }
+
     /// True when every byte has been consumed.
     pub fn at_end(&self) -> bool {
         self.pos == self.buf.len()
@@ -219,6 +241,21 @@ mod tests {
         assert_eq!(Reader::new(&enc(&"hé")).read(), Ok(Value::Str("hé")));
         assert_eq!(Reader::new(&[0xc0]).read(), Ok(Value::Nil));
         assert_eq!(Reader::new(&[0xc3]).read(), Ok(Value::Bool(true)));
+    }
+
+    #[test]
+    fn small_uints_in_every_width_and_nothing_else() {
+        for n in [0u64, 127, 128, 255, 256, 65_535, 65_536, u64::from(u32::MAX)] {
+            let b = enc(&n);
+            let mut r = Reader::new(&b);
+            assert_eq!(r.small_uint(), Some(n as u32), "{n}");
+            assert!(r.at_end());
+        }
+        for b in [enc(&(u64::from(u32::MAX) + 1)), enc(&-1i64), enc(&"7"), vec![0xcd, 0x01]] {
+            let mut r = Reader::new(&b);
+            assert_eq!(r.small_uint(), None, "{b:?}");
+            assert_eq!(r.position(), 0, "nothing consumed");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use dpcoord::config::Config;
+use dpcoord::config::{Config, KvEndpoint};
 use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
 use dpcoord::wire::{decode_source, SourceKind, SourceLimits};
@@ -14,7 +14,9 @@ thread_local! {
     static COORD: RefCell<Coordinator> = RefCell::new({
         let mut cfg = Config::default();
         cfg.settings.engines.dp_size = 4;
-        Coordinator::new(&cfg.settings, Metrics::new(4), Instant::now())
+        // One KV publisher with a replay socket, for the sources target.
+        let kv = KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: Some("tcp://127.0.0.1:2".into()), rank: None };
+        Coordinator::new(&cfg.settings, Metrics::new(4), Instant::now()).with_kv_endpoints(&[kv])
     });
 }
 
