@@ -5,6 +5,8 @@
     python3 deploy/check.py metrics FILE      # names used by rules and dashboard exist in FILE
     python3 deploy/check.py context DIR       # copy the Docker build context (.dockerignore applied)
     python3 deploy/check.py targets JSON      # every target in `cargo metadata` output has its source
+    python3 deploy/check.py prometheusrule    # print deploy/kubernetes/prometheusrule.yaml, made from
+                                              # deploy/prometheus/dpcoord.rules.yml
 
 `files` parses every YAML and JSON file under deploy/ and checks that the
 pieces agree with each other and with the contract's defaults: the
@@ -249,11 +251,39 @@ def check_kubernetes(docs: dict[Path, list], ports: dict[str, int], image_uid: s
         problem(rel(np_), "an ingress rule without `from` admits everyone")
 
     groups = yaml.safe_load((PROM / "dpcoord.rules.yml").read_text())["groups"]
-    if rule["spec"].get("groups") != groups:
-        problem(rel(rp), "spec.groups differ from deploy/prometheus/dpcoord.rules.yml")
+    if rule["spec"].get("groups") != groups or rp.read_text() != prometheus_rule():
+        problem(
+            rel(rp),
+            "is not what deploy/prometheus/dpcoord.rules.yml makes: "
+            "python3 deploy/check.py prometheusrule > deploy/kubernetes/prometheusrule.yaml",
+        )
 
 
 # -- Prometheus ---------------------------------------------------------------------
+
+
+PROMETHEUS_RULE_HEAD = """\
+# Made from deploy/prometheus/dpcoord.rules.yml (its groups, indented under
+# spec) by `python3 deploy/check.py prometheusrule`; do not edit, regenerate.
+# CI checks that the two agree. Add the labels your Prometheus' ruleSelector
+# needs under metadata.labels (and to PROMETHEUS_RULE_HEAD in deploy/check.py).
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: dpcoord
+  labels:
+    app.kubernetes.io/name: dpcoord
+    app.kubernetes.io/part-of: llm-serving
+spec:
+"""
+
+
+def prometheus_rule() -> str:
+    """The PrometheusRule: the rules file from its `groups:` line on, indented under spec."""
+    lines = (PROM / "dpcoord.rules.yml").read_text().splitlines()
+    start = lines.index("groups:")
+    body = "".join(f"  {ln}\n" if ln else "\n" for ln in lines[start:])
+    return PROMETHEUS_RULE_HEAD + body
 
 
 def check_prometheus(work: Path) -> None:
@@ -312,7 +342,7 @@ def dashboard_exprs() -> list[tuple[str, str]]:
 def write_dashboard_rules(work: Path, exprs: list[tuple[str, str]]) -> None:
     rules = []
     for i, (_, e) in enumerate(exprs):
-        e = e.replace("$__rate_interval", "5m").replace("$instance", ".*")
+        e = e.replace("$__rate_interval", "5m").replace("$instance", "127.0.0.1:9570")
         rules.append({"record": f"dashboard:query_{i}", "expr": e})
     (work / "grafana.rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
 
@@ -431,6 +461,9 @@ def main(argv: list[str]) -> int:
         summary = f"{len(used_metric_names())} metric names used by rules and dashboard"
     elif len(argv) == 3 and argv[1] == "context":
         summary = f"{copy_context(Path(argv[2]))} files in the Docker build context"
+    elif len(argv) == 2 and argv[1] == "prometheusrule":
+        sys.stdout.write(prometheus_rule())
+        return 0
     elif len(argv) == 3 and argv[1] == "targets":
         summary = f"{check_targets(Path(argv[2]))} cargo targets have their sources"
     else:
