@@ -108,7 +108,8 @@ impl Fleet {
 /// Median ns of one `Coordinator::place` placement.
 fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
     let cfg = config(dp, policy);
-    let req = RouteRequest { n: 1, prompt_tokens: Some(PROMPT_TOKENS), target: Target::Policy, session: None };
+    let req =
+        RouteRequest { n: 1, prompt_tokens: Some(PROMPT_TOKENS), target: Target::Policy, session: None, prompt: None };
     let mut out = Vec::with_capacity(1);
     budget.median_ns(
         &mut Fleet::new(&cfg, Instant::now()),
@@ -167,7 +168,7 @@ fn query_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
 /// Median ns of decoding the route query, and of encoding its answer.
 fn wire_ns(budget: Budget) -> (f64, f64) {
     let query = route_query();
-    let limits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
+    let limits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536, max_prompt_tokens: 262_144 };
     let decode = budget.median_ns(
         &mut (),
         |_, chunk| {

@@ -202,6 +202,16 @@ pub const SESSION_TTL_MS: IntKey =
 pub const SESSION_MAX_LOAD_RATIO: FloatKey =
     FloatKey { key: Key::new(ROUTING, "session_max_load_ratio"), default: 2.0, min: 1.0, max: BIG };
 pub const SEED: IntKey = IntKey { key: Key::new(ROUTING, "seed"), default: 0, min: 0, max: i64::MAX as u64 };
+pub const CACHE_PREFILL_WEIGHT: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "cache_prefill_weight"), default: 1.0, min: 0.0, max: BIG };
+pub const CACHE_BALANCE_ABS_TOKENS: IntKey =
+    IntKey { key: Key::new(ROUTING, "cache_balance_abs_tokens"), default: 32_768, min: 0, max: 1 << 32 };
+pub const CACHE_BALANCE_REL: FloatKey =
+    FloatKey { key: Key::new(ROUTING, "cache_balance_rel"), default: 2.0, min: 1.0, max: BIG };
+/// `auto`, `events` or `approximate` (docs/PROTOCOL.md §7).
+pub const PREFIX_MODE: StrKey = StrKey { key: Key::new(ROUTING, "prefix_mode"), default: "auto" };
+pub const PREFIX_TTL_MS: IntKey =
+    IntKey { key: Key::new(ROUTING, "prefix_ttl_ms"), default: 120_000, min: 1, max: DAY_MS };
 
 pub const MAX_PENALTY: FloatKey = FloatKey { key: Key::new(PENALTY, "max_penalty"), default: 10.0, min: 0.0, max: BIG };
 pub const STALE: FloatKey = FloatKey { key: Key::new(PENALTY, "stale"), default: 1.0, min: 0.0, max: BIG };
@@ -217,6 +227,8 @@ pub const TTFT: FloatKey = FloatKey { key: Key::new(PENALTY, "ttft"), default: 1
 pub const MAX_MESSAGE_BYTES: IntKey =
     IntKey { key: Key::new(LIMITS, "max_message_bytes"), default: 65_536, min: 256, max: 16 << 20 };
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
+pub const MAX_PROMPT_TOKENS: IntKey =
+    IntKey { key: Key::new(LIMITS, "max_prompt_tokens"), default: 262_144, min: 1, max: 16 << 20 };
 
 pub const KV_CONNECT: ListKey = ListKey {
     key: Key::flagged_in_section(
@@ -238,7 +250,7 @@ pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 44] = [
+pub const ALL: [AnyKey; 50] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -270,6 +282,11 @@ pub const ALL: [AnyKey; 44] = [
     AnyKey::Int(&SESSION_TTL_MS),
     AnyKey::Float(&SESSION_MAX_LOAD_RATIO),
     AnyKey::Int(&SEED),
+    AnyKey::Float(&CACHE_PREFILL_WEIGHT),
+    AnyKey::Int(&CACHE_BALANCE_ABS_TOKENS),
+    AnyKey::Float(&CACHE_BALANCE_REL),
+    AnyKey::Str(&PREFIX_MODE),
+    AnyKey::Int(&PREFIX_TTL_MS),
     AnyKey::Float(&MAX_PENALTY),
     AnyKey::Float(&STALE),
     AnyKey::Float(&HEALTH_FAILURE),
@@ -279,6 +296,7 @@ pub const ALL: [AnyKey; 44] = [
     AnyKey::Float(&TTFT),
     AnyKey::Int(&MAX_MESSAGE_BYTES),
     AnyKey::Int(&MAX_BATCH),
+    AnyKey::Int(&MAX_PROMPT_TOKENS),
     AnyKey::Str(&KV_TOPIC),
     AnyKey::Int(&KV_MAX_BLOCKS_PER_RANK),
     AnyKey::Int(&KV_MAX_BATCH_BYTES),

@@ -122,6 +122,45 @@ pub struct Routing {
     pub sessions: Sessions,
     /// Seed of power_of_two's random choices.
     pub seed: u64,
+    pub cache: CacheAware,
+}
+
+/// Where `cache_aware` learns which rank holds a prefix (`routing.prefix_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixMode {
+    /// KV events where a rank publishes them, dpcoord's placements elsewhere.
+    Auto,
+    /// KV events only.
+    Events,
+    /// dpcoord's own placements only.
+    Approximate,
+}
+
+impl PrefixMode {
+    pub const ALL: [PrefixMode; 3] = [PrefixMode::Auto, PrefixMode::Events, PrefixMode::Approximate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixMode::Auto => "auto",
+            PrefixMode::Events => "events",
+            PrefixMode::Approximate => "approximate",
+        }
+    }
+}
+
+/// The `cache_aware` policy's weights and its prefix sources.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheAware {
+    /// Weight of the uncached prefill tokens against the token load.
+    pub prefill_weight: f64,
+    /// The guard: the prefix term is dropped when the token loads spread
+    /// by more than this many tokens ...
+    pub balance_abs_tokens: u64,
+    /// ... and the largest is more than this many times the smallest.
+    pub balance_rel: f64,
+    pub mode: PrefixMode,
+    /// How long an approximate entry lives without a new placement.
+    pub ttl: Duration,
 }
 
 /// Weights and caps of the result-metric penalty (see `penalty.rs`).
@@ -143,6 +182,7 @@ pub struct Penalty {
 pub struct Limits {
     pub max_message_bytes: usize,
     pub max_batch: u32,
+    pub max_prompt_tokens: u32,
 }
 
 /// Everything routing reads: what a running daemon can take at a tick

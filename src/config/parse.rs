@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::{
-    err, ConfigError, Engines, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, Routing, Server, Sessions,
+    err, CacheAware, ConfigError, Engines, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, PrefixMode, Routing,
+    Server, Sessions,
 };
 use crate::io::access::Allowlist;
 
@@ -265,8 +266,19 @@ pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> 
         max_load_ratio: s.float(&keys::SESSION_MAX_LOAD_RATIO)?,
     };
     let seed = s.int(&keys::SEED)?;
+    let mode_name = s.string(&keys::PREFIX_MODE)?;
+    let mode = PrefixMode::ALL.into_iter().find(|m| m.as_str() == mode_name).ok_or_else(|| {
+        err(keys::PREFIX_MODE.key.path(), format!("unknown mode \"{mode_name}\"; available: auto, events, approximate"))
+    })?;
+    let cache = CacheAware {
+        prefill_weight: s.float(&keys::CACHE_PREFILL_WEIGHT)?,
+        balance_abs_tokens: s.int(&keys::CACHE_BALANCE_ABS_TOKENS)?,
+        balance_rel: s.float(&keys::CACHE_BALANCE_REL)?,
+        mode,
+        ttl: s.ms(&keys::PREFIX_TTL_MS)?,
+    };
     s.finish()?;
-    Ok(Routing { policy, tick, pending_ttl, pending_transit, imbalance_window, weights, sessions, seed })
+    Ok(Routing { policy, tick, pending_ttl, pending_transit, imbalance_window, weights, sessions, seed, cache })
 }
 
 pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> {
@@ -284,6 +296,7 @@ pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> 
 pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
     let max_message_bytes = s.int(&keys::MAX_MESSAGE_BYTES)? as usize;
     let max_batch = s.int(&keys::MAX_BATCH)? as u32;
+    let max_prompt_tokens = s.int(&keys::MAX_PROMPT_TOKENS)? as u32;
     s.finish()?;
-    Ok(Limits { max_message_bytes, max_batch })
+    Ok(Limits { max_message_bytes, max_batch, max_prompt_tokens })
 }

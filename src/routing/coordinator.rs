@@ -17,18 +17,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::kv::KvStreams;
+use super::policy::PolicyKind;
+use super::prefix::PrefixRouting;
 use super::published::Published;
 use super::user::UserDispatcher;
 use crate::config::{KvEndpoint, Settings};
-use crate::engines::prefix::keys;
 use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
-    self, Channel, HealthOp, Id, PrefixQuery, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind,
-    SourceLimits, WireError,
+    self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind, SourceLimits,
+    Target, WireError,
 };
 
 pub struct Coordinator {
@@ -45,8 +46,9 @@ pub struct Coordinator {
     metrics: Metrics,
     /// The engines' KV-event streams and the prefix index they feed.
     kv: KvStreams,
-    /// Reused buffers of the `prefix` op: tokens, keys, per-rank matches.
-    prefix_scratch: (Vec<u32>, Vec<u64>, Vec<u32>),
+    /// Prompt lookups for `cache_aware` and the `prefix` op, and the
+    /// approximate index.
+    prefix: PrefixRouting,
     /// Rate limit of the dropped-update warning, per `StatsResult`.
     drops: LogLimiter<4>,
     /// Reused buffer for the ranks of one route answer.
@@ -60,6 +62,7 @@ fn limits(s: &Settings) -> QueryLimits {
         dp_size: s.engines.dp_size,
         max_batch: s.limits.max_batch,
         max_message_bytes: s.limits.max_message_bytes,
+        max_prompt_tokens: s.limits.max_prompt_tokens,
     }
 }
 
@@ -92,7 +95,7 @@ impl Coordinator {
                 settings.engines.dp_size,
                 KvMetrics::new(&metrics.registry, settings.engines.dp_size),
             ),
-            prefix_scratch: Default::default(),
+            prefix: PrefixRouting::new(settings),
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
@@ -139,6 +142,7 @@ impl Coordinator {
         self.limits = limits(&settings);
         self.sources = source_limits(&settings);
         self.kv.reload(&settings.kv);
+        self.prefix.reload(&settings);
         self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
         self.next_tick = self.next_tick.min(now + self.tick_every);
@@ -159,6 +163,7 @@ impl Coordinator {
         self.health.resize(dp_size);
         self.metrics.resize(dp_size);
         self.kv.resize(dp_size);
+        self.prefix.resize(dp_size);
         self.limits.dp_size = dp_size;
     }
 
@@ -266,7 +271,25 @@ impl Coordinator {
     /// Places one decoded route request: its ranks land in `out`. On error
     /// nothing changed.
     pub fn place(&mut self, req: &RouteRequest<'_>, now: Instant, out: &mut Vec<u32>) -> Result<(), Unroutable> {
-        self.user.route(req, &self.engines, now, out)
+        let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
+        let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
+        let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
+        if self.user.policy() != PolicyKind::CacheAware {
+            return self.user.route(&req, &self.engines, None, now, out);
+        }
+        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv);
+        self.user.route(&req, &self.engines, Some(&view), now, out)?;
+        // What a policy pick will leave in the rank's cache (approximate mode).
+        if req.target == Target::Policy && req.session.is_none() {
+            let mut last = None;
+            for &rank in out.iter() {
+                if last != Some(rank) {
+                    self.prefix.learn(rank, now);
+                    last = Some(rank);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn answer_route(
@@ -320,23 +343,18 @@ impl Coordinator {
                 self.admin(op, now)?;
                 wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch());
             }
-            HealthOp::Prefix(q) => self.answer_prefix(id, &q, out),
+            HealthOp::Prefix(p) => self.answer_prefix(id, &p, out),
         }
         Ok(())
     }
 
     /// The `prefix` op: how many whole blocks the prompt has, and how many
-    /// of them, from the first, each rank holds on GPU.
-    fn answer_prefix(&mut self, id: Option<Id<'_>>, q: &PrefixQuery<'_>, out: &mut Vec<u8>) {
-        let (tokens, chain, matched) = &mut self.prefix_scratch;
-        q.tokens_into(tokens);
-        chain.clear();
-        let index = self.kv.index();
-        if let Some(bs) = index.block_size() {
-            keys::chain_keys(keys::chain_seed(q.lora, q.salt), tokens, bs as usize, chain);
-        }
-        index.leading(chain, matched);
-        wire::encode_prefix(out, id, chain.len(), matched);
+    /// of them, from the first, each rank holds (as `cache_aware` sees them).
+    fn answer_prefix(&mut self, id: Option<Id<'_>>, prompt: &Prompt<'_>, out: &mut Vec<u8>) {
+        let length = PrefixRouting::prompt_tokens(prompt, &self.kv);
+        let view = self.prefix.lookup(prompt, length, &self.kv);
+        let blocks = (length / view.block_size) as usize;
+        wire::encode_prefix(out, id, blocks, view.matched);
     }
 
     /// Liveness, epoch, pending expiry, penalties and gauges.
@@ -344,6 +362,7 @@ impl Coordinator {
         let started = Instant::now();
         self.engines.tick(now);
         self.kv.tick(now, &self.engines);
+        self.prefix.tick(now);
         self.user.tick(now, &self.engines);
         super::export::export(&self.engines, &self.user, &self.metrics, now);
         self.published.set(self.state_view(now));
@@ -364,3 +383,7 @@ pub use admin::ConfigSource;
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod cache_tests;

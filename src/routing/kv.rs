@@ -47,6 +47,8 @@ pub(super) struct KvStreams {
     streams: Vec<Stream>,
     replay_timeout: Duration,
     asks: Vec<(u16, u64)>,
+    /// Ranks a publisher has sent a batch for (their index is event-fed).
+    with_events: Vec<bool>,
     metrics: KvMetrics,
     log: LogLimiter<1>,
 }
@@ -58,6 +60,7 @@ impl KvStreams {
             streams: Vec::new(),
             replay_timeout: kv.replay_timeout,
             asks: Vec::new(),
+            with_events: vec![false; dp_size as usize],
             metrics,
             log: LogLimiter::default(),
         }
@@ -80,7 +83,13 @@ impl KvStreams {
         self.replay_timeout = kv.replay_timeout;
     }
 
+    /// Whether a publisher has sent a batch for `rank`.
+    pub fn has_events(&self, rank: u32) -> bool {
+        self.with_events.get(rank as usize).copied().unwrap_or(false)
+    }
+
     pub fn resize(&mut self, dp_size: u32) {
+        self.with_events.resize(dp_size as usize, false);
         self.index.resize(dp_size);
         self.metrics.resize(dp_size);
     }
@@ -217,6 +226,7 @@ impl KvStreams {
             return self.drop_batch(BatchResult::UnknownRank, &why, now);
         }
         self.streams[s].rank = Some(rank);
+        self.with_events[rank as usize] = true;
         let a = self.index.apply(rank, &batch.events);
         self.metrics.applied(rank, &a);
         for _ in 0..a.cleared {

@@ -10,6 +10,7 @@ mod export;
 mod kv;
 mod ledger;
 mod policy;
+mod prefix;
 mod published;
 mod session;
 mod user;

@@ -13,9 +13,10 @@ use rand::SeedableRng;
 
 use super::ledger::Ledger;
 use super::policy::{Candidates, Policy, PolicyKind};
+use super::prefix::PrefixView;
 use super::session::SessionTable;
 use super::window::DispatchWindow;
-use crate::config::Settings;
+use crate::config::{CacheAware, Settings};
 use crate::engines::routable::check_fixed;
 use crate::engines::{Accepted, EngineTable, Unroutable};
 use crate::wire::RouteRequest;
@@ -37,6 +38,9 @@ pub struct UserDispatcher {
     pending_ttl: Duration,
     pending_transit: Duration,
     window: DispatchWindow,
+    cache: CacheAware,
+    /// Per-request costs of a `cache_aware` pick.
+    request_costs: Vec<f64>,
 }
 
 impl UserDispatcher {
@@ -56,6 +60,8 @@ impl UserDispatcher {
             pending_ttl: r.pending_ttl,
             pending_transit: r.pending_transit,
             window: DispatchWindow::new(0, r.imbalance_window, now),
+            cache: r.cache,
+            request_costs: Vec::new(),
         };
         d.resize(s.engines.dp_size);
         d
@@ -83,6 +89,7 @@ impl UserDispatcher {
         self.session_ratio = r.sessions.max_load_ratio;
         self.pending_ttl = r.pending_ttl;
         self.pending_transit = r.pending_transit;
+        self.cache = r.cache;
         if self.window.length() != r.imbalance_window {
             self.window = DispatchWindow::new(self.ledgers.len(), r.imbalance_window, now);
         }
@@ -133,10 +140,13 @@ impl UserDispatcher {
     }
 
     /// Places a request's `n` copies into `out`; on error nothing changed.
+    /// `prefix` (under `cache_aware`, for a request with a prompt) adds
+    /// each rank's uncached prefill to the policy's picks.
     pub fn route(
         &mut self,
         req: &RouteRequest<'_>,
         engines: &EngineTable,
+        prefix: Option<&PrefixView<'_>>,
         now: Instant,
         out: &mut Vec<u32>,
     ) -> Result<(), Unroutable> {
@@ -146,6 +156,9 @@ impl UserDispatcher {
         }
         // Capped so that the ledger's token sums cannot overflow: no prompt
         // is anywhere near 2^32 tokens, and n <= max_batch.
+        // A placement counts its whole prompt, cached or not: the request
+        // holds that much KV while it runs, and a fully cached prompt must
+        // still make its rank look busier, or affinity would pile on it.
         let tokens = req.prompt_tokens.unwrap_or(1).min(u64::from(u32::MAX));
         match self.whole_batch_rank(req, engines, now)? {
             Some(rank) => {
@@ -154,13 +167,42 @@ impl UserDispatcher {
             }
             None => {
                 for _ in 0..req.n {
-                    let rank = self.pick(engines);
+                    let rank = match prefix {
+                        Some(view) => self.pick_cached(engines, view),
+                        None => self.pick(engines),
+                    };
                     self.place(rank, 1, tokens, engines, now);
                     out.push(rank);
                 }
             }
         }
         Ok(())
+    }
+
+    /// `cache_aware`'s pick: each routable rank's cost plus its uncached
+    /// prefill (weighted, penalized like the load), unless the balance
+    /// guard holds: then token load alone.
+    fn pick_cached(&mut self, engines: &EngineTable, view: &PrefixView<'_>) -> u32 {
+        let loads = self.routable.iter().map(|&r| self.policy.scorer.load(engines.get(r), &self.ledgers[r as usize]));
+        let (min, max) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| (lo.min(l), hi.max(l)));
+        let guarded = max - min > self.cache.balance_abs_tokens as f64 && max > self.cache.balance_rel * min;
+        self.request_costs.clear();
+        for (rank, &cost) in self.costs.iter().enumerate() {
+            let prefill = match cost.is_finite() && !guarded {
+                true => {
+                    self.cache.prefill_weight
+                        * view.uncached(rank as u32) as f64
+                        * (1.0 + engines.get(rank as u32).penalty)
+                }
+                false => 0.0,
+            };
+            self.request_costs.push(cost + prefill);
+        }
+        let candidates = Candidates { engines, costs: &self.request_costs, routable: &self.routable };
+        let chosen = self.policy.picker.pick(&candidates, self.cursor, &mut self.rng);
+        let rank = chosen.unwrap_or(self.routable[0]);
+        self.cursor = (rank + 1) % engines.dp_size();
+        rank
     }
 
     /// The one rank that takes all `n` (a pin, a room or a session), or

@@ -7,7 +7,7 @@ use crate::engines::testing::{settings, table_with_up};
 use crate::engines::{LoadReport, Target};
 
 fn req(n: u32, target: Target) -> RouteRequest<'static> {
-    RouteRequest { n, prompt_tokens: None, target, session: None }
+    RouteRequest { n, prompt_tokens: None, target, session: None, prompt: None }
 }
 
 fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {
@@ -18,7 +18,7 @@ fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {
 
 fn route(d: &mut UserDispatcher, t: &EngineTable, r: &RouteRequest<'_>) -> Vec<u32> {
     let mut out = Vec::new();
-    d.route(r, t, Instant::now(), &mut out).unwrap();
+    d.route(r, t, None, Instant::now(), &mut out).unwrap();
     out
 }
 
@@ -52,11 +52,11 @@ fn refused_routes_change_nothing() {
     let t = table_with_up(4, &[1]);
     let mut d = dispatcher(4, PolicyKind::LeastLoad);
     let mut out = Vec::new();
-    let e = d.route(&req(5, Target::Pinned(2)), &t, Instant::now(), &mut out).unwrap_err();
+    let e = d.route(&req(5, Target::Pinned(2)), &t, None, Instant::now(), &mut out).unwrap_err();
     assert!(matches!(e, Unroutable::Rank { rank: 2, .. }), "{e:?}");
     assert_eq!(per_rank(&d, 4), [0; 4]);
     let none = table_with_up(4, &[]);
-    let e = d.route(&req(1, Target::Policy), &none, Instant::now(), &mut out).unwrap_err();
+    let e = d.route(&req(1, Target::Policy), &none, None, Instant::now(), &mut out).unwrap_err();
     assert_eq!(e, Unroutable::NoEngine { dp_size: 4 });
     assert_eq!(route(&mut d, &t, &req(1, Target::Policy)), [1]);
 }
@@ -165,13 +165,13 @@ fn pending_expires_after_ttl_on_tick() {
     let mut d = dispatcher(2, PolicyKind::LeastLoad);
     let t0 = Instant::now();
     let mut out = Vec::new();
-    d.route(&req(3, Target::Pinned(0)), &t, t0, &mut out).unwrap();
+    d.route(&req(3, Target::Pinned(0)), &t, None, t0, &mut out).unwrap();
     d.tick(t0 + Duration::from_millis(1999), &t);
     assert_eq!(d.pending(0), 3);
     d.tick(t0 + Duration::from_millis(2000), &t);
     assert_eq!((d.pending(0), d.routed(0)), (0, 3));
     // With rank 0's pending expired, both are idle again; the cursor starts at 0.
-    d.route(&req(1, Target::Policy), &t, t0, &mut out).unwrap();
+    d.route(&req(1, Target::Policy), &t, None, t0, &mut out).unwrap();
     assert_eq!(out, [0]);
 }
 

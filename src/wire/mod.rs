@@ -6,6 +6,7 @@
 
 mod kv_events;
 pub mod msgpack;
+mod prompt;
 mod query;
 mod reply;
 mod sglang;
@@ -15,9 +16,10 @@ mod vllm_metrics;
 
 pub use crate::engines::Target;
 pub use kv_events::{decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError};
+pub use prompt::{Prompt, TOKENS_PER_KEY};
 pub use query::{
-    decode_health_query, decode_route_query, Admin, Channel, HealthOp, PrefixQuery, Probe, Query, QueryLimits,
-    Rejected, RouteOp, RouteRequest,
+    decode_health_query, decode_route_query, Admin, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,
+    RouteRequest,
 };
 pub use reply::{
     encode_admin, encode_error, encode_health_rank, encode_ok, encode_prefix, encode_ranks, encode_state, RankView,

@@ -7,6 +7,7 @@
 //! dispatchers.
 
 use super::msgpack::{Reader, Value};
+use super::prompt::{decode_prompt, Prompt, PromptFields};
 use super::{ErrorCode, Id, WireError};
 use crate::config::keys::DP_SIZE;
 use crate::engines::Target;
@@ -47,34 +48,7 @@ pub enum HealthOp<'a> {
     Probe(Probe),
     Admin(Admin),
     /// `prefix`: which ranks hold a prompt's leading KV blocks (read only).
-    Prefix(PrefixQuery<'a>),
-}
-
-/// The most tokens a `prefix` query may carry.
-pub const MAX_PREFIX_TOKENS: u32 = 1 << 20;
-
-/// A prompt to look up in the KV index: its token ids (checked, kept as
-/// the MessagePack array they came in) and the chain's LoRA name and salt.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PrefixQuery<'a> {
-    tokens: &'a [u8],
-    pub lora: Option<&'a str>,
-    pub salt: Option<&'a str>,
-}
-
-impl PrefixQuery<'_> {
-    /// The token ids, into `out`.
-    pub fn tokens_into(&self, out: &mut Vec<u32>) {
-        out.clear();
-        let mut r = Reader::new(self.tokens);
-        if let Ok(Value::Array(n)) = r.read() {
-            // Checked by `decode_prefix`: every element is an int below 2^32.
-            out.extend((0..n).filter_map(|_| match r.read() {
-                Ok(Value::Int(t)) => u32::try_from(t).ok(),
-                _ => None,
-            }));
-        }
-    }
+    Prefix(Prompt<'a>),
 }
 
 /// An operator's change to the running daemon (health socket only).
@@ -102,6 +76,8 @@ pub struct RouteRequest<'a> {
     pub prompt_tokens: Option<u64>,
     pub target: Target,
     pub session: Option<&'a str>,
+    /// The prompt, for `cache_aware` (and its length when `prompt_tokens` is absent).
+    pub prompt: Option<Prompt<'a>>,
 }
 
 /// A decoded query: its id and its op (`RouteOp` or `HealthOp`).
@@ -117,6 +93,8 @@ pub struct QueryLimits {
     pub dp_size: u32,
     pub max_batch: u32,
     pub max_message_bytes: usize,
+    /// `limits.max_prompt_tokens`.
+    pub max_prompt_tokens: u32,
 }
 
 /// The keys a query may carry, as read from the map (nil = absent).
@@ -132,10 +110,8 @@ struct Fields<'a> {
     session: Option<Value<'a>>,
     ok: Option<Value<'a>>,
     dp_size: Option<Value<'a>>,
-    /// The whole encoded value of `tokens` (an array, read later).
-    tokens: Option<&'a [u8]>,
-    lora: Option<Value<'a>>,
-    salt: Option<Value<'a>>,
+    /// The whole encoded values of `tokens` and `block_keys` (arrays, read later).
+    prompt: PromptFields<'a>,
 }
 
 /// A decode failure, with the id when it could still be read.
@@ -167,9 +143,11 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
         let start = r.position();
         let value = r.read().map_err(undecodable)?;
         r.skip_rest(value).map_err(undecodable)?;
-        if key == "tokens" {
-            f.tokens = (value != Value::Nil).then(|| &bytes[start..r.position()]);
-            continue;
+        let raw = (value != Value::Nil).then(|| &bytes[start..r.position()]);
+        match key {
+            "tokens" => f.prompt.tokens = raw,
+            "block_keys" => f.prompt.block_keys = raw,
+            _ => {}
         }
         let slot = match key {
             "v" => &mut f.v,
@@ -182,8 +160,8 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
             "session" => &mut f.session,
             "ok" => &mut f.ok,
             "dp_size" => &mut f.dp_size,
-            "lora" => &mut f.lora,
-            "salt" => &mut f.salt,
+            "lora" => &mut f.prompt.lora,
+            "salt" => &mut f.prompt.salt,
             _ => continue, // unknown keys are ignored
         };
         *slot = (value != Value::Nil).then_some(value);
@@ -257,43 +235,15 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a
         Some(Value::Str(s)) => Some(s),
         Some(other) => return Err(bad(format!("`session` must be a string, got {}", other.type_name()))),
     };
-    Ok(RouteRequest { n, prompt_tokens, target, session })
+    let prompt = decode_prompt(&f.prompt, lim.max_prompt_tokens)?;
+    Ok(RouteRequest { n, prompt_tokens, target, session, prompt })
 }
 
-fn opt_str<'a>(name: &str, v: Option<Value<'a>>) -> Result<Option<&'a str>, WireError> {
-    match v {
-        None => Ok(None),
-        Some(Value::Str(s)) => Ok(Some(s)),
-        Some(other) => Err(bad(format!("`{name}` must be a string, got {}", other.type_name()))),
+fn decode_prefix<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<HealthOp<'a>, WireError> {
+    match decode_prompt(&f.prompt, lim.max_prompt_tokens)? {
+        Some(p) => Ok(HealthOp::Prefix(p)),
+        None => Err(bad("`prefix` needs `tokens` (token ids) or `block_keys`")),
     }
-}
-
-fn decode_prefix<'a>(f: &Fields<'a>) -> Result<PrefixQuery<'a>, WireError> {
-    let raw = f.tokens.ok_or_else(|| bad("`prefix` needs `tokens`, an array of token ids"))?;
-    let mut r = Reader::new(raw);
-    let n = match r.read() {
-        Ok(Value::Array(n)) if n <= MAX_PREFIX_TOKENS => n,
-        Ok(Value::Array(n)) => {
-            let msg = format!("`tokens` has {n} ids, above the limit of {MAX_PREFIX_TOKENS}");
-            return Err(WireError::new(ErrorCode::TooLarge, msg));
-        }
-        Ok(other) => return Err(bad(format!("`tokens` must be an array, got {}", other.type_name()))),
-        Err(e) => return Err(bad(format!("query is not valid MessagePack: {e}"))),
-    };
-    for i in 0..n {
-        match r.read() {
-            Ok(Value::Int(t)) if (0..=i128::from(u32::MAX)).contains(&t) => {}
-            Ok(other) => {
-                let got = match other {
-                    Value::Int(t) => t.to_string(),
-                    other => other.type_name().to_owned(),
-                };
-                return Err(bad(format!("`tokens[{i}]` must be a token id in 0..2^32, got {got}")));
-            }
-            Err(e) => return Err(bad(format!("query is not valid MessagePack: {e}"))),
-        }
-    }
-    Ok(PrefixQuery { tokens: raw, lora: opt_str("lora", f.lora)?, salt: opt_str("salt", f.salt)? })
 }
 
 fn decode_report<'a>(f: &Fields<'a>, dp_size: u32) -> Result<HealthOp<'a>, WireError> {
@@ -351,7 +301,7 @@ fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<Health
         "health_report" => decode_report(f, lim.dp_size),
         "resize" => decode_resize(f).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
-        "prefix" => decode_prefix(f).map(HealthOp::Prefix),
+        "prefix" => decode_prefix(f, lim),
         "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }

@@ -3,7 +3,8 @@
 use super::*;
 use std::collections::BTreeMap;
 
-const LIM: QueryLimits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536 };
+const LIM: QueryLimits =
+    QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536, max_prompt_tokens: 262_144 };
 
 /// Encodes a map from (key, value) pairs of any serializable values.
 fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
@@ -36,7 +37,13 @@ fn route_with_all_fields() {
     assert_eq!(got.id, Some(Id::Str("req-7")));
     assert_eq!(
         got.op,
-        RouteOp::Route(RouteRequest { n: 3, prompt_tokens: Some(512), target: Target::Policy, session: Some("s1") })
+        RouteOp::Route(RouteRequest {
+            n: 3,
+            prompt_tokens: Some(512),
+            target: Target::Policy,
+            session: Some("s1"),
+            prompt: None
+        })
     );
 }
 
@@ -139,26 +146,60 @@ fn admin_ops_on_the_health_socket_only() {
 }
 
 #[test]
-fn the_prefix_op_checks_its_tokens() {
-    let h = |pairs: &[(&str, rmpv::Value)]| {
-        let mut v = vec![("v", rmpv::Value::from(1)), ("op", "prefix".into())];
+fn prompts_on_route_and_prefix_are_checked_the_same_way() {
+    let lim = QueryLimits { max_prompt_tokens: 32, ..LIM };
+    let ints = |xs: &[i64]| rmpv::Value::Array(xs.iter().map(|&x| x.into()).collect());
+    let decode = |op: &str, pairs: &[(&str, rmpv::Value)]| {
+        let mut v = vec![("v", rmpv::Value::from(1)), ("op", op.into())];
         v.extend_from_slice(pairs);
         let bytes: &'static [u8] = Vec::leak(q(&v));
-        decode_health_query(bytes, &LIM).map(|q| q.op).map_err(|r| (r.error.code, r.error.message))
+        let prompt = match op {
+            "route" => decode_route_query(bytes, &lim).map(|q| match q.op {
+                RouteOp::Route(r) => r.prompt,
+                _ => unreachable!(),
+            }),
+            _ => decode_health_query(bytes, &lim).map(|q| match q.op {
+                HealthOp::Prefix(p) => Some(p),
+                _ => unreachable!(),
+            }),
+        };
+        prompt.map_err(|r| (r.error.code, r.error.message))
     };
-    let tokens = |xs: &[i64]| rmpv::Value::Array(xs.iter().map(|&x| x.into()).collect());
-    let Ok(HealthOp::Prefix(p)) = h(&[("tokens", tokens(&[1, 2, 4_000_000_000])), ("lora", "a".into())]) else {
-        panic!("refused")
-    };
-    let mut got = Vec::new();
-    p.tokens_into(&mut got);
-    assert_eq!((got, p.lora, p.salt), (vec![1, 2, 4_000_000_000], Some("a"), None));
-    let bad = |pairs: &[(&str, rmpv::Value)]| h(pairs).unwrap_err();
-    assert_eq!(bad(&[]), (ErrorCode::BadRequest, "`prefix` needs `tokens`, an array of token ids".into()));
-    assert_eq!(bad(&[("tokens", tokens(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
-    assert_eq!(bad(&[("tokens", "abc".into())]).1, "`tokens` must be an array, got a string");
-    assert_eq!(bad(&[("tokens", tokens(&[1])), ("salt", 5.into())]).1, "`salt` must be a string, got an integer");
-    // Only on the health socket.
-    let route: &'static [u8] = Vec::leak(q(&[("v", 1.into()), ("op", "prefix".into()), ("tokens", tokens(&[1]))]));
+    for op in ["route", "prefix"] {
+        let Ok(Some(p)) = decode(op, &[("tokens", ints(&[1, 2, 4_000_000_000])), ("lora", "a".into())]) else {
+            panic!("{op} refused")
+        };
+        let mut got = Vec::new();
+        p.tokens_into(&mut got);
+        assert_eq!(got, vec![1, 2, 4_000_000_000]);
+        assert!(matches!(p, Prompt::Tokens { count: 3, lora: Some("a"), salt: None, .. }), "{p:?}");
+        let Ok(Some(k)) = decode(op, &[("block_keys", rmpv::Value::Array(vec![u64::MAX.into(), 7.into()]))]) else {
+            panic!("{op} refused keys")
+        };
+        let mut keys = Vec::new();
+        k.keys_into(&mut keys);
+        assert_eq!(keys, vec![u64::MAX, 7]);
+        let err = |pairs: &[(&str, rmpv::Value)]| decode(op, pairs).unwrap_err();
+        assert_eq!(err(&[("tokens", ints(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
+        assert_eq!(err(&[("tokens", "abc".into())]).1, "`tokens` must be an array, got a string");
+        assert_eq!(err(&[("tokens", ints(&[1])), ("salt", 5.into())]).1, "`salt` must be a string, got an integer");
+        assert_eq!(
+            err(&[("tokens", ints(&[1])), ("block_keys", ints(&[1]))]).1,
+            "send `tokens` or `block_keys`, not both"
+        );
+        assert_eq!(
+            err(&[("block_keys", ints(&[1])), ("lora", "a".into())]).1,
+            "`lora` and `salt` are already in `block_keys`; send them only with `tokens`"
+        );
+        assert_eq!(
+            err(&[("tokens", ints(&[0; 33]))]),
+            (ErrorCode::TooLarge, "`tokens` has 33 elements, above the limit of 32".into())
+        );
+        assert_eq!(err(&[("block_keys", ints(&[0; 3]))]).0, ErrorCode::TooLarge, "32 / 16 keys at most");
+    }
+    assert_eq!(decode("route", &[]), Ok(None), "old clients send no prompt");
+    assert_eq!(decode("prefix", &[]).unwrap_err().1, "`prefix` needs `tokens` (token ids) or `block_keys`");
+    // `prefix` only on the health socket.
+    let route: &'static [u8] = Vec::leak(q(&[("v", 1.into()), ("op", "prefix".into()), ("tokens", ints(&[1]))]));
     assert_eq!(decode_route_query(route, &LIM).unwrap_err().error.code, ErrorCode::UnknownOp);
 }

@@ -15,23 +15,15 @@
 //! bytes than a map entry; chained keys already make each block's key
 //! stand for its whole prefix, so flat maps give the same answers.
 
+mod approx;
 mod blocks;
+mod holders;
 pub mod keys;
 
-use std::collections::HashMap;
-
-use foldhash::fast::RandomState;
-
+pub use self::approx::ApproxIndex;
 use self::blocks::RankBlocks;
+use self::holders::Holders;
 use super::kv::{KvEvent, Medium, Stored};
-
-/// Ranks per bitset word.
-const WORD: u32 = 64;
-
-/// The `holders` map key of block `key` for the rank group `group`.
-fn slot(key: u64, group: u32) -> u64 {
-    key ^ u64::from(group).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
 
 /// What one batch did to a rank's index, by event outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,7 +47,7 @@ pub struct Applied {
 pub struct PrefixIndex {
     /// Learned from the first `BlockStored`; every later one must match.
     block_size: Option<u32>,
-    holders: HashMap<u64, u64, RandomState>,
+    holders: Holders,
     ranks: Vec<RankBlocks>,
     /// `kv_events.max_blocks_per_rank`, all media together.
     cap: usize,
@@ -66,7 +58,7 @@ impl PrefixIndex {
     pub fn new(dp_size: u32, cap: usize) -> Self {
         PrefixIndex {
             block_size: None,
-            holders: HashMap::default(),
+            holders: Holders::default(),
             ranks: (0..dp_size).map(|_| RankBlocks::default()).collect(),
             cap,
             keys: Vec::new(),
@@ -120,7 +112,7 @@ impl PrefixIndex {
                             Some(key) => {
                                 a.removed += 1;
                                 if *medium == Medium::Gpu {
-                                    unset(&mut self.holders, key, rank);
+                                    self.holders.unset(key, rank);
                                 }
                             }
                             None => a.unknown_block += 1,
@@ -160,9 +152,9 @@ impl PrefixIndex {
             let replaced = blocks.insert(st.medium, hash, key);
             if st.medium == Medium::Gpu {
                 if let Some(old) = replaced {
-                    unset(&mut self.holders, old, rank);
+                    self.holders.unset(old, rank);
                 }
-                *self.holders.entry(slot(key, rank / WORD)).or_insert(0) |= 1 << (rank % WORD);
+                self.holders.set(key, rank);
             }
             a.stored += 1;
         }
@@ -172,7 +164,7 @@ impl PrefixIndex {
     pub fn clear(&mut self, rank: u32) {
         let Some(blocks) = self.ranks.get_mut(rank as usize) else { return };
         for key in blocks.drain_gpu_keys() {
-            unset(&mut self.holders, key, rank);
+            self.holders.unset(key, rank);
         }
         blocks.clear();
     }
@@ -187,47 +179,13 @@ impl PrefixIndex {
         }
         let keep = self.cap - self.cap / 8;
         let holders = &mut self.holders;
-        blocks.evict_older_than_newest(keep, |key| unset(holders, key, rank))
+        blocks.evict_older_than_newest(keep, |key| holders.unset(key, rank))
     }
 
     /// For the chain `keys`, how many leading blocks each rank holds on
     /// GPU: `out[r]`, for every rank (`out` is resized to the rank count).
     pub fn leading(&self, keys: &[u64], out: &mut Vec<u32>) {
-        let dp = self.ranks.len() as u32;
-        out.clear();
-        out.resize(dp as usize, 0);
-        for group in 0..dp.div_ceil(WORD) {
-            let in_group = (dp - group * WORD).min(WORD);
-            let mut active = if in_group == WORD { u64::MAX } else { (1u64 << in_group) - 1 };
-            let mut matched = 0;
-            while matched < keys.len() && active != 0 {
-                let bits = self.holders.get(&slot(keys[matched], group)).copied().unwrap_or(0);
-                set_ranks(out, group, active & !bits, matched);
-                active &= bits;
-                matched += 1;
-            }
-            set_ranks(out, group, active, matched);
-        }
-    }
-}
-
-/// `out[r] = n` for each rank `r` of `group` whose bit is set in `bits`.
-fn set_ranks(out: &mut [u32], group: u32, mut bits: u64, n: usize) {
-    while bits != 0 {
-        let b = bits.trailing_zeros();
-        out[(group * WORD + b) as usize] = n as u32;
-        bits &= bits - 1;
-    }
-}
-
-/// Rank `rank` no longer holds `key` on GPU.
-fn unset(holders: &mut HashMap<u64, u64, RandomState>, key: u64, rank: u32) {
-    let s = slot(key, rank / WORD);
-    if let Some(bits) = holders.get_mut(&s) {
-        *bits &= !(1 << (rank % WORD));
-        if *bits == 0 {
-            holders.remove(&s);
-        }
+        self.holders.leading(keys, self.ranks.len() as u32, out);
     }
 }
 

@@ -25,6 +25,9 @@ pub enum PolicyKind {
     LeastTokens,
     /// The better of two seeded random routable ranks, by request cost.
     PowerOfTwo,
+    /// The lowest `(token load + prefill weight * uncached prompt tokens + 1)
+    /// * (1 + penalty)`: the prefix term is per request (`user.rs`).
+    CacheAware,
 }
 
 /// A policy's parts.
@@ -36,8 +39,13 @@ pub struct Policy {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] =
-        [PolicyKind::RoundRobin, PolicyKind::LeastLoad, PolicyKind::LeastTokens, PolicyKind::PowerOfTwo];
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoad,
+        PolicyKind::LeastTokens,
+        PolicyKind::PowerOfTwo,
+        PolicyKind::CacheAware,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -45,6 +53,7 @@ impl PolicyKind {
             PolicyKind::LeastLoad => "least_load",
             PolicyKind::LeastTokens => "least_tokens",
             PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::CacheAware => "cache_aware",
         }
     }
 
@@ -61,6 +70,8 @@ impl PolicyKind {
             PolicyKind::LeastLoad => (requests, true, Picker::Least),
             PolicyKind::LeastTokens => (Metric::Tokens, true, Picker::Least),
             PolicyKind::PowerOfTwo => (requests, true, Picker::TwoChoices),
+            // Its base cost is least_tokens'; the per-request prefill term is added at the pick.
+            PolicyKind::CacheAware => (Metric::Tokens, true, Picker::Least),
         };
         Policy { kind: self, scorer: Scorer { metric, penalized }, picker }
     }

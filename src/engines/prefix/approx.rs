@@ -1,0 +1,144 @@
+//! The approximate prefix index: what dpcoord's own placements left in each
+//! rank's cache, for engines that publish no KV events (docs/PROTOCOL.md
+//! §7). A placement records its prompt's keys on the rank; an entry lives
+//! `ttl` after its last placement, and a rank keeps at most `cap` keys, the
+//! oldest going first.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use foldhash::fast::RandomState;
+
+use super::holders::Holders;
+
+#[derive(Default)]
+struct Rank {
+    /// Key -> when it was last placed here.
+    seen: HashMap<u64, Instant, RandomState>,
+    /// (time, key) in placement order; an entry whose time is older than
+    /// `seen`'s for its key was renewed and is skipped.
+    order: VecDeque<(Instant, u64)>,
+}
+
+pub struct ApproxIndex {
+    holders: Holders,
+    ranks: Vec<Rank>,
+    ttl: Duration,
+    cap: usize,
+}
+
+impl ApproxIndex {
+    pub fn new(dp_size: u32, ttl: Duration, cap: usize) -> Self {
+        ApproxIndex { holders: Holders::default(), ranks: (0..dp_size).map(|_| Rank::default()).collect(), ttl, cap }
+    }
+
+    pub fn set_limits(&mut self, ttl: Duration, cap: usize) {
+        (self.ttl, self.cap) = (ttl, cap);
+    }
+
+    /// Keys rank `rank` is taken to hold.
+    pub fn len(&self, rank: u32) -> usize {
+        self.ranks.get(rank as usize).map_or(0, |r| r.seen.len())
+    }
+
+    pub fn resize(&mut self, dp_size: u32) {
+        for rank in dp_size..self.ranks.len() as u32 {
+            self.clear(rank);
+        }
+        self.ranks.resize_with(dp_size as usize, Rank::default);
+    }
+
+    pub fn clear(&mut self, rank: u32) {
+        let Some(r) = self.ranks.get_mut(rank as usize) else { return };
+        for (key, _) in r.seen.drain() {
+            self.holders.unset(key, rank);
+        }
+        r.order = VecDeque::new();
+    }
+
+    /// Rank `rank` was given a prompt with these keys at `now`.
+    pub fn record(&mut self, rank: u32, keys: &[u64], now: Instant) {
+        let Some(r) = self.ranks.get_mut(rank as usize) else { return };
+        for &key in keys {
+            if r.seen.insert(key, now).is_none() {
+                self.holders.set(key, rank);
+            }
+            r.order.push_back((now, key));
+        }
+        // Past the cap, the oldest go; `order` keeps one live entry per key
+        // at most twice over (renewals are compacted away).
+        while r.seen.len() > self.cap {
+            let Some((t, key)) = r.order.pop_front() else { break };
+            if r.seen.get(&key) == Some(&t) {
+                r.seen.remove(&key);
+                self.holders.unset(key, rank);
+            }
+        }
+        if r.order.len() > 2 * r.seen.len() + 1024 {
+            r.order.retain(|(t, key)| r.seen.get(key) == Some(t));
+        }
+    }
+
+    /// Forgets entries not placed again within the TTL.
+    pub fn expire(&mut self, now: Instant) {
+        for (rank, r) in self.ranks.iter_mut().enumerate() {
+            while let Some(&(t, key)) = r.order.front() {
+                if now.saturating_duration_since(t) < self.ttl {
+                    break;
+                }
+                r.order.pop_front();
+                if r.seen.get(&key) == Some(&t) {
+                    r.seen.remove(&key);
+                    self.holders.unset(key, rank as u32);
+                }
+            }
+        }
+    }
+
+    /// As `PrefixIndex::leading`.
+    pub fn leading(&self, keys: &[u64], out: &mut Vec<u32>) {
+        self.holders.leading(keys, self.ranks.len() as u32, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leading(ix: &ApproxIndex, keys: &[u64]) -> Vec<u32> {
+        let mut out = Vec::new();
+        ix.leading(keys, &mut out);
+        out
+    }
+
+    #[test]
+    fn placements_are_remembered_for_the_ttl_and_renewed_by_placing_again() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut ix = ApproxIndex::new(2, 10 * s, 100);
+        ix.record(0, &[1, 2, 3], t0);
+        ix.record(1, &[1], t0 + s);
+        assert_eq!(leading(&ix, &[1, 2, 3, 4]), vec![3, 1]);
+        ix.record(0, &[1], t0 + 5 * s);
+        ix.expire(t0 + 10 * s);
+        assert_eq!(leading(&ix, &[1, 2, 3]), vec![1, 1], "2 and 3 expired; 1 was placed again");
+        ix.expire(t0 + 15 * s);
+        assert_eq!(leading(&ix, &[1]), vec![0, 0]);
+        assert_eq!((ix.len(0), ix.len(1)), (0, 0));
+    }
+
+    #[test]
+    fn the_cap_drops_the_oldest_and_resize_forgets_removed_ranks() {
+        let t0 = Instant::now();
+        let mut ix = ApproxIndex::new(3, Duration::from_secs(60), 3);
+        ix.record(2, &[1, 2, 3], t0);
+        ix.record(2, &[1], t0 + Duration::from_millis(1));
+        ix.record(2, &[9], t0 + Duration::from_millis(2));
+        assert_eq!(ix.len(2), 3);
+        assert_eq!(leading(&ix, &[1])[2], 1, "1 was renewed");
+        assert_eq!(leading(&ix, &[2])[2], 0, "2 was the oldest");
+        ix.resize(2);
+        ix.resize(3);
+        assert_eq!(leading(&ix, &[1, 9]), vec![0, 0, 0]);
+    }
+}

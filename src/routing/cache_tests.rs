@@ -1,0 +1,151 @@
+//! `cache_aware` through the coordinator: the prefix term from KV events,
+//! the balance guard, approximate mode, and what it leaves alone.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::config::{KvEndpoint, PrefixMode};
+use crate::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium, Stored};
+use crate::engines::testing::settings;
+
+/// A prompt of 20 tokens: 5 blocks of 4.
+const PROMPT: [u32; 20] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20];
+
+fn coordinator(dp: u32, weight: f64, mode: PrefixMode) -> Coordinator {
+    let mut s = settings(dp);
+    s.routing.policy = PolicyKind::CacheAware;
+    s.routing.cache.prefill_weight = weight;
+    s.routing.cache.mode = mode;
+    let now = Instant::now();
+    let kv = KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None };
+    let mut c = Coordinator::new(&s, Metrics::new(dp), now).with_kv_endpoints(&[kv]);
+    for rank in 0..dp {
+        let u = rmp_serde::to_vec_named(&json!({"v": 1, "rank": rank, "boot": 1, "seq": 1, "counts": [0, 0, 0, 0, 0]}))
+            .unwrap();
+        c.on_source(SourceKind::Stats, Some(&[&u[..]][..]), now);
+    }
+    c
+}
+
+/// Rank `rank` stores the first `blocks` blocks (of 4 tokens) of `PROMPT`, batch `seq`.
+fn store(c: &mut Coordinator, seq: u64, rank: u32, blocks: usize) {
+    let ev = KvEvent::Stored(Stored {
+        hashes: (0..blocks as u64).map(|b| 100 * u64::from(rank) + b).collect(),
+        parent: None,
+        tokens: PROMPT[..blocks * 4].to_vec(),
+        block_size: 4,
+        medium: Medium::Gpu,
+        lora: None,
+        salt: None,
+    });
+    let batch = Ok(KvBatch { rank: Some(rank), events: vec![ev] });
+    c.on_event(
+        EngineEvent::Kv(KvMessage { stream: 0, from_replay: false, body: KvBody::Batch { seq, batch } }),
+        Instant::now(),
+    );
+}
+
+fn ask(c: &mut Coordinator, ch: Channel, q: Value) -> Value {
+    let mut out = Vec::new();
+    c.on_query(ch, &rmp_serde::to_vec_named(&q).unwrap(), Instant::now(), &mut out);
+    rmp_serde::from_slice(&out).unwrap()
+}
+
+fn place(c: &mut Coordinator, q: Value) -> u64 {
+    let r = ask(c, Channel::Route, q);
+    r["ranks"][0].as_u64().unwrap_or_else(|| panic!("{r}"))
+}
+
+fn with_prompt() -> Value {
+    json!({"v": 1, "op": "route", "tokens": PROMPT})
+}
+
+#[test]
+fn the_holder_wins_until_its_load_outweighs_what_its_cache_saves() {
+    let mut c = coordinator(4, 4.0, PrefixMode::Events);
+    store(&mut c, 0, 2, 4);
+    // Rank 2 prefills 4 tokens, the others 20: at weight 4 that is 16 + 1
+    // against 80 + 1; each placement adds its 20 prompt tokens to its rank.
+    let got: Vec<u64> = (0..5).map(|_| place(&mut c, with_prompt())).collect();
+    assert_eq!(got, vec![2, 2, 2, 2, 3], "17, 37, 57, 77 < 81; then 97 > 81");
+    // Keys sent instead of tokens are the same prompt.
+    let mut keys = Vec::new();
+    let seed = crate::engines::prefix::keys::chain_seed(None, None);
+    crate::engines::prefix::keys::chain_keys(seed, &PROMPT, 4, &mut keys);
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "block_keys": keys}));
+    assert_eq!((&r["blocks"], &r["matched"]), (&json!(5), &json!([0, 0, 4, 0])));
+    // A request without a prompt is least_tokens: rank 0 and 1 are idle.
+    assert_eq!(place(&mut c, json!({"v": 1, "op": "route"})), 0);
+}
+
+#[test]
+fn the_guard_drops_affinity_when_loads_spread_too_far() {
+    let mut c = coordinator(2, 4.0, PrefixMode::Events);
+    store(&mut c, 0, 1, 5);
+    // Rank 1 holds the whole prompt (0 to prefill); rank 0 gets a large
+    // pinned request: 40,000 tokens, beyond the guard's 32,768 and 2x.
+    place(&mut c, json!({"v": 1, "op": "route", "rank": 0, "prompt_tokens": 40_000}));
+    assert_eq!(place(&mut c, with_prompt()), 1, "rank 1 is both cached and idle");
+    // Now load rank 1 far beyond rank 0.
+    place(&mut c, json!({"v": 1, "op": "route", "rank": 1, "prompt_tokens": 100_000}));
+    // Spread 60,020 > 32,768 and 100,040 > 2 x 40,000: token load alone decides.
+    assert_eq!(place(&mut c, with_prompt()), 0);
+}
+
+#[test]
+fn approximate_mode_learns_from_policy_picks_and_forgets_after_the_ttl() {
+    let mut c = coordinator(3, 4.0, PrefixMode::Approximate);
+    // Prompts are keyed in blocks of 16 before any event: 20 tokens are one block.
+    let first = place(&mut c, with_prompt());
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    let mut want = vec![0, 0, 0];
+    want[first as usize] = 1;
+    assert_eq!(r["matched"], json!(want));
+    // A pin teaches nothing.
+    let pinned = (first + 1) % 3;
+    place(&mut c, json!({"v": 1, "op": "route", "rank": pinned, "tokens": PROMPT}));
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!(r["matched"], json!(want));
+    // Events are ignored in this mode.
+    store(&mut c, 0, 2, 5);
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!(r["matched"][2], json!(if first == 2 { 1 } else { 0 }));
+    // After the TTL (120 s by default) with no new placement, it is forgotten.
+    c.tick(Instant::now() + Duration::from_secs(121));
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!(r["matched"], json!([0, 0, 0]));
+}
+
+#[test]
+fn auto_mode_takes_events_for_ranks_that_publish_and_placements_elsewhere() {
+    let mut c = coordinator(2, 4.0, PrefixMode::Auto);
+    // Rank 1 publishes: its index is event-fed (block size 4 from now on).
+    store(&mut c, 0, 1, 2);
+    // A pick lands on rank 1 (8 cached tokens); rank 0 learns nothing from it.
+    assert_eq!(place(&mut c, with_prompt()), 1);
+    // A pick that lands on rank 0 is learned there (rank 0 publishes nothing).
+    place(&mut c, json!({"v": 1, "op": "route", "rank": 1, "prompt_tokens": 1000}));
+    assert_eq!(place(&mut c, with_prompt()), 0);
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!(r["matched"], json!([5, 2]), "rank 0 from its placement, rank 1 from its events");
+}
+
+#[test]
+fn health_queries_never_change_a_cache_aware_placement() {
+    let run = |probe: bool| {
+        let mut c = coordinator(3, 4.0, PrefixMode::Auto);
+        store(&mut c, 0, 1, 5);
+        (0..6)
+            .map(|_| {
+                if probe {
+                    ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+                    ask(&mut c, Channel::Health, json!({"v": 1, "op": "health_route"}));
+                }
+                place(&mut c, with_prompt())
+            })
+            .collect::<Vec<u64>>()
+    };
+    assert_eq!(run(true), run(false));
+}

@@ -1,0 +1,120 @@
+//! What `cache_aware` reads: for one request's prompt, how many leading
+//! blocks each rank holds, from the KV events (`kv.rs`) or, where a rank
+//! publishes none, from dpcoord's own placements (approximate mode), as
+//! `routing.prefix_mode` says (docs/PROTOCOL.md §7).
+
+use std::time::Instant;
+
+use super::kv::KvStreams;
+use crate::config::{PrefixMode, Settings};
+use crate::engines::prefix::{keys, ApproxIndex};
+use crate::wire::Prompt;
+
+/// The block size used before any KV event taught the engines' own (the
+/// approximate index's granularity; vLLM's default).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// One request's prefix matches, per rank.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixView<'a> {
+    /// Leading blocks held, per rank.
+    pub matched: &'a [u32],
+    pub block_size: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u64,
+}
+
+impl PrefixView<'_> {
+    /// The tokens rank `rank` would have to prefill.
+    pub fn uncached(&self, rank: u32) -> u64 {
+        let cached = u64::from(self.matched.get(rank as usize).copied().unwrap_or(0)) * self.block_size;
+        self.prompt_tokens.saturating_sub(cached)
+    }
+}
+
+pub(super) struct PrefixRouting {
+    approx: ApproxIndex,
+    mode: PrefixMode,
+    tokens: Vec<u32>,
+    keys: Vec<u64>,
+    matched: Vec<u32>,
+    approx_matched: Vec<u32>,
+}
+
+impl PrefixRouting {
+    pub fn new(s: &Settings) -> Self {
+        let c = &s.routing.cache;
+        PrefixRouting {
+            approx: ApproxIndex::new(s.engines.dp_size, c.ttl, s.kv.max_blocks_per_rank),
+            mode: c.mode,
+            tokens: Vec::new(),
+            keys: Vec::new(),
+            matched: Vec::new(),
+            approx_matched: Vec::new(),
+        }
+    }
+
+    pub fn reload(&mut self, s: &Settings) {
+        self.mode = s.routing.cache.mode;
+        self.approx.set_limits(s.routing.cache.ttl, s.kv.max_blocks_per_rank);
+    }
+
+    pub fn resize(&mut self, dp_size: u32) {
+        self.approx.resize(dp_size);
+    }
+
+    pub fn tick(&mut self, now: Instant) {
+        self.approx.expire(now);
+    }
+
+    /// The block size prompts are keyed with: the engines', once known.
+    pub fn block_size(kv: &KvStreams) -> u32 {
+        kv.index().block_size().unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The prompt's length in tokens (a keys prompt counts whole blocks).
+    pub fn prompt_tokens(prompt: &Prompt<'_>, kv: &KvStreams) -> u64 {
+        match *prompt {
+            Prompt::Tokens { count, .. } => u64::from(count),
+            Prompt::Keys { count, .. } => u64::from(count) * u64::from(Self::block_size(kv)),
+        }
+    }
+
+    /// Keys `prompt` and looks its chain up; `prompt_tokens` is its length.
+    pub fn lookup(&mut self, prompt: &Prompt<'_>, prompt_tokens: u64, kv: &KvStreams) -> PrefixView<'_> {
+        let bs = Self::block_size(kv);
+        match *prompt {
+            Prompt::Tokens { lora, salt, .. } => {
+                prompt.tokens_into(&mut self.tokens);
+                self.keys.clear();
+                keys::chain_keys(keys::chain_seed(lora, salt), &self.tokens, bs as usize, &mut self.keys);
+            }
+            Prompt::Keys { .. } => prompt.keys_into(&mut self.keys),
+        }
+        let index = kv.index();
+        match self.mode {
+            PrefixMode::Events => index.leading(&self.keys, &mut self.matched),
+            PrefixMode::Approximate => self.approx.leading(&self.keys, &mut self.matched),
+            PrefixMode::Auto => {
+                index.leading(&self.keys, &mut self.matched);
+                if (0..index.dp_size()).any(|r| !kv.has_events(r)) {
+                    self.approx.leading(&self.keys, &mut self.approx_matched);
+                    for (r, m) in self.matched.iter_mut().enumerate() {
+                        if !kv.has_events(r as u32) {
+                            *m = self.approx_matched[r];
+                        }
+                    }
+                }
+            }
+        }
+        PrefixView { matched: &self.matched, block_size: u64::from(bs), prompt_tokens }
+    }
+
+    /// The last looked-up prompt was placed on `rank` by a policy pick:
+    /// the approximate index takes it as cached there.
+    pub fn learn(&mut self, rank: u32, now: Instant) {
+        if self.mode != PrefixMode::Events {
+            self.approx.record(rank, &self.keys, now);
+        }
+    }
+}
