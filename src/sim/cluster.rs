@@ -7,6 +7,7 @@
 //! per rank, or one group of all ranks.
 
 use super::model::{Advance, Job, Micros, SimEngine, StepCost};
+use super::prefix_cache::CacheSpec;
 
 /// Engine settings shared by every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +16,8 @@ pub struct EngineSpec {
     pub chunk: u32,
     pub max_running: usize,
     pub cost: StepCost,
+    /// Each rank's prefix cache, if any.
+    pub cache: Option<CacheSpec>,
 }
 
 #[derive(Debug, Clone)]
@@ -32,8 +35,10 @@ pub struct Cluster {
 impl Cluster {
     /// `speed_pct[r]` is rank r's speed (100 = nominal).
     pub fn new(spec: EngineSpec, speed_pct: &[u32], lockstep: bool) -> Cluster {
-        let engines: Vec<SimEngine> =
-            speed_pct.iter().map(|&s| SimEngine::new(spec.chunk, spec.max_running, spec.cost, s)).collect();
+        let engines: Vec<SimEngine> = speed_pct
+            .iter()
+            .map(|&s| SimEngine::new(spec.chunk, spec.max_running, spec.cost, s).with_cache(spec.cache))
+            .collect();
         let ranks = 0..engines.len() as u32;
         let groups: Vec<Group> = if lockstep {
             vec![Group { ranks: ranks.collect(), busy: false }]
@@ -96,7 +101,7 @@ mod tests {
     use super::*;
     use crate::sim::model::DEFAULT_COST;
 
-    const SPEC: EngineSpec = EngineSpec { chunk: 8192, max_running: 256, cost: DEFAULT_COST };
+    const SPEC: EngineSpec = EngineSpec { chunk: 8192, max_running: 256, cost: DEFAULT_COST, cache: None };
 
     #[test]
     fn lockstep_steps_last_as_long_as_the_slowest_rank() {

@@ -20,7 +20,7 @@ use crate::sim::net::NetError;
 use crate::sim::record::{std_dev, Live, Recorder};
 use crate::sim::report::thousands;
 use crate::sim::workload::{Lengths, Load};
-use crate::sim::world::{self, ArmSpec, Handoff, Probe};
+use crate::sim::world::{self, ArmSpec, Handoff, Probe, Prompts};
 use crate::sim::SimError;
 use crate::wire::StateView;
 
@@ -41,7 +41,7 @@ fn workload() -> ArmSpec {
     ArmSpec {
         name: "demo".into(),
         ranks: RANKS,
-        engine: EngineSpec { chunk: 8192, max_running: 256, cost: DEFAULT_COST },
+        engine: EngineSpec { chunk: 8192, max_running: 256, cost: DEFAULT_COST, cache: None },
         lockstep: false,
         slow: None,
         kill: None,
@@ -57,6 +57,7 @@ fn workload() -> ArmSpec {
         sample_every: 1_000_000,
         handoff: Handoff::default(),
         horizon: u64::MAX,
+        prompts_of: Prompts::default(),
     }
 }
 
@@ -217,8 +218,16 @@ mod tests {
     #[test]
     fn summary_counts_completed_in_flight_and_probes() {
         let mut rec = Recorder::new(RANKS);
-        let req =
-            |done| Request { frontend: 0, prompt: 1000, output: 1, issued: 0, first_token: done, done, attempts: 1 };
+        let req = |done| Request {
+            frontend: 0,
+            prompt: 1000,
+            output: 1,
+            issued: 0,
+            first_token: done,
+            done,
+            attempts: 1,
+            ..Request::default()
+        };
         rec.requests = vec![req(Some(5)), req(Some(9)), req(None)];
         rec.placements = vec![1, 1, 1, 0, 0, 0, 0, 0];
         rec.probes = vec![2, 1, 1, 1, 1, 1, 1, 1];

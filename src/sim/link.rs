@@ -16,8 +16,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::kv_pub::KvPub;
 use super::model::{Micros, SimEngine};
 use super::net::{Answer, Endpoints, NetError, Rpc, StatsPub};
+use super::prefix_cache::KvEvent;
 use super::publisher::{LoadPub, Publisher};
 
 /// Engines re-send their stats at least this often (real time), as liveness.
@@ -42,6 +44,10 @@ pub struct Link {
     via: ProbeVia,
     observer: Rpc,
     pubs: Vec<Publisher>,
+    /// KV-event PUBs, one per engine (none when engines publish no events).
+    kv: Vec<KvPub>,
+    /// `(taken, sent)` KV batches when the KV sync's count started.
+    kv_counted_from: (u64, u64),
     /// dpcoord's registry, whose message counter a load-stream sync waits on.
     registry: Option<prometheus::Registry>,
     /// `(taken, sent)` when the sync's count started.
@@ -76,6 +82,8 @@ impl Link {
             via,
             observer: Rpc::connect(&ctx, &eps.health)?,
             pubs: (0..engines).map(|r| publisher(&ctx, eps, r, boot)).collect::<Result<_, _>>()?,
+            kv: eps.kv.iter().zip(0..).map(|(ep, r)| KvPub::bind(&ctx, ep, r)).collect::<Result<_, _>>()?,
+            kv_counted_from: (0, 0),
             registry: None,
             counted_from: (0, 0),
             ranks: engines,
@@ -110,7 +118,76 @@ impl Link {
         self.ranks = ranks;
         self.wait_up(engines)?;
         self.settle();
+        self.kv_join(engines)?;
         self.observer.epoch()
+    }
+
+    /// Until dpcoord's index shows a marker block from every KV publisher
+    /// (a SUB misses what comes before it joins), each publishes one; then
+    /// the KV sync's count starts. The markers' tokens appear in no prompt.
+    fn kv_join(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
+        let Some(block) = engines.iter().find_map(SimEngine::block_size) else { return Ok(()) };
+        let n = self.kv.len().min(self.ranks as usize);
+        let marker = |r: usize| vec![u32::MAX - r as u32; block as usize];
+        let start = Instant::now();
+        let mut heard = vec![false; n];
+        while !heard.iter().all(|&h| h) {
+            for r in (0..n).filter(|&r| !heard[r]) {
+                let e = KvEvent::Stored { hashes: vec![u64::MAX - r as u64], parent: None, tokens: marker(r) };
+                self.kv[r].send(&[e], block, 0.0)?;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            for (r, h) in heard.iter_mut().enumerate() {
+                *h = *h || self.observer.prefix(&marker(r))?.get(r).is_some_and(|&m| m > 0);
+            }
+            if start.elapsed() > BRING_UP {
+                return Err(NetError::NotUp(BRING_UP));
+            }
+            self.heartbeat(engines)?;
+        }
+        let mut last = self.kv_taken();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.kv_taken();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        self.kv_counted_from = (last, self.kv_sent());
+        Ok(())
+    }
+
+    /// KV batches dpcoord has taken, whatever their outcome.
+    fn kv_taken(&self) -> u64 {
+        let Some(families) = self.registry.as_ref().map(prometheus::Registry::gather) else { return 0 };
+        let f = families.iter().find(|f| f.name() == "dpcoord_kv_batches_total");
+        f.map_or(0, |f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).sum())
+    }
+
+    fn kv_sent(&self) -> u64 {
+        self.kv.iter().map(KvPub::sent).sum()
+    }
+
+    /// Whether dpcoord has taken every KV batch sent since the count started.
+    fn all_kv_taken(&self) -> bool {
+        if self.kv.is_empty() || self.registry.is_none() {
+            return true;
+        }
+        let (taken, sent) = self.kv_counted_from;
+        self.kv_taken().saturating_sub(taken) >= self.kv_sent() - sent
+    }
+
+    /// Publishes rank `rank`'s KV events of its last step as one batch (at
+    /// virtual time `now`), unless there are none, the rank is dead or
+    /// outside dpcoord's table, or it has no publisher.
+    pub fn publish_kv(&mut self, rank: u32, events: &[KvEvent], block: u32, now: Micros) -> Result<(), NetError> {
+        let r = rank as usize;
+        if events.is_empty() || r >= self.kv.len() || self.dead[r] || rank >= self.ranks {
+            return Ok(());
+        }
+        self.dirty = true;
+        self.kv[r].send(events, block, now as f64 / 1e6)
     }
 
     fn wait_up(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
@@ -143,10 +220,17 @@ impl Link {
         self.ranks
     }
 
-    /// One user placement for frontend `f`.
-    pub fn route(&mut self, f: usize, prompt_tokens: u32) -> Result<Answer, NetError> {
+    /// One user placement for frontend `f`, with the prompt's token ids
+    /// if given, pinned to `pin` if given.
+    pub fn route(
+        &mut self,
+        f: usize,
+        prompt_tokens: u32,
+        tokens: Option<&[u32]>,
+        pin: Option<u32>,
+    ) -> Result<Answer, NetError> {
         self.sync()?;
-        self.frontends[f % self.frontends.len()].route(prompt_tokens.into())
+        self.frontends[f % self.frontends.len()].route_prompt(prompt_tokens.into(), tokens, pin)
     }
 
     /// One probe placement, through the health or the route socket.
@@ -227,7 +311,8 @@ impl Link {
         let start = Instant::now();
         loop {
             let seen = self.observer.state()?;
-            if seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.shown()) && self.all_taken() {
+            let shown = seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.shown());
+            if shown && self.all_taken() && self.all_kv_taken() {
                 self.dirty = false;
                 return Ok(());
             }

@@ -46,7 +46,7 @@ impl Drop for PrivateDir {
 }
 
 /// Daemon settings a run chooses; everything else keeps its default.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DaemonSettings {
     pub ranks: u32,
     pub policy: String,
@@ -60,6 +60,11 @@ pub struct DaemonSettings {
     pub sglang_load: bool,
     /// `HOST:PORT` of the HTTP listener.
     pub metrics_bind: String,
+    /// Engines publish KV-cache events, one PUB per rank, which dpcoord
+    /// subscribes to (`kv_events.connect`).
+    pub kv_events: bool,
+    /// More `[routing]` keys, by name (`prefix_mode`, the `cache_*` weights).
+    pub routing: Vec<(&'static str, toml::Value)>,
 }
 
 impl DaemonSettings {
@@ -75,6 +80,8 @@ impl DaemonSettings {
             pending_transit_ms: keys::PENDING_TRANSIT_MS.default,
             sglang_load: false,
             metrics_bind: keys::METRICS_BIND.default.into(),
+            kv_events: false,
+            routing: Vec::new(),
         }
     }
 
@@ -98,6 +105,18 @@ impl DaemonSettings {
             let load = eps.load.iter().map(|ep| s(ep)).collect();
             keys::SGLANG_LOAD_CONNECT.key.set(&mut t, toml::Value::Array(load));
         }
+        if !eps.kv.is_empty() {
+            let kv = eps.kv.iter().map(|ep| s(ep)).collect();
+            keys::KV_CONNECT.key.set(&mut t, toml::Value::Array(kv));
+        }
+        if !self.routing.is_empty() {
+            let section = t.entry("routing").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(routing) = section {
+                for (name, value) in &self.routing {
+                    routing.insert((*name).to_owned(), value.clone());
+                }
+            }
+        }
         Ok(Config::from_table(t)?)
     }
 }
@@ -120,7 +139,8 @@ impl Local {
         let dir = PrivateDir::create(what)?;
         let ep = |name: &str| format!("ipc://{}/{name}", dir.path().display());
         let load = (0..settings.ranks).filter(|_| settings.sglang_load).map(|r| ep(&format!("load-{r}"))).collect();
-        let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats"), load };
+        let kv = (0..settings.ranks).filter(|_| settings.kv_events).map(|r| ep(&format!("kv-{r}"))).collect();
+        let eps = Endpoints { route: ep("route"), health: ep("health"), stats: ep("stats"), load, kv };
         let config = settings.config(&eps)?;
         // A reload re-reads the run's own configuration: nothing changes.
         let fixed = config.clone();
@@ -171,7 +191,7 @@ mod tests {
     #[test]
     fn settings_become_a_checked_config() {
         let (route, health, stats) = ("ipc:///x/r".into(), "ipc:///x/h".into(), "ipc:///x/s".into());
-        let mut eps = Endpoints { route, health, stats, load: Vec::new() };
+        let mut eps = Endpoints { route, health, stats, load: Vec::new(), kv: Vec::new() };
         let c = DaemonSettings::defaults(4, "round_robin").config(&eps).unwrap();
         assert_eq!((c.settings.engines.dp_size, c.server.stats_bind.as_deref()), (4, Some("ipc:///x/s")));
         assert_eq!(c.settings.routing.pending_transit, std::time::Duration::from_millis(100));

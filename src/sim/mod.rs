@@ -20,16 +20,26 @@
 //! - `elastic`: scale-up and scale-down under load (8 -> 12 -> 6 ranks)
 //! - `pending`: dpcoord's pending placements against the truth, with
 //!   `received` counters, reconciled by time, or overwritten by snapshots
+//! - `prefix`, `prefix_cache`, `prompts`, `kv_pub`, `oracle`,
+//!   `prefix_report`: prefix caches per rank (LRU, prefill of uncached
+//!   tokens only), vLLM KV-event batches to dpcoord, shared-prefix / chat /
+//!   no-sharing workloads with token ids, the oracle arm, the `cache_aware` sweep
 
 pub mod cluster;
 pub mod demo;
 pub mod elastic;
+pub mod kv_pub;
 pub mod link;
 pub mod local;
 pub mod model;
 pub mod net;
+pub mod oracle;
 pub mod pending;
 pub mod phase;
+pub mod prefix;
+pub mod prefix_cache;
+pub mod prefix_report;
+pub mod prompts;
 pub mod publisher;
 pub mod record;
 pub mod report;
@@ -81,6 +91,10 @@ pub enum Scenario {
     /// Pending placements with a hop to the engine: exact counters, SGLang load
     /// snapshots reconciled by time, snapshots overwriting; 1, 4 and 16 frontends.
     Pending,
+    /// Prefix caches per rank with KV events: round_robin, least_load, cache_aware
+    /// (approximate, events) and an oracle on shared-prefix, chat and no-sharing
+    /// workloads, at 1 and 4 frontends (`--sweep`: the cache_aware weights).
+    Prefix,
     /// Each of the above in turn.
     All,
 }
@@ -143,6 +157,21 @@ pub struct SimArgs {
     /// health-matrix uses the first (default round_robin).
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<String>,
+    /// prefix: requests per arm over all frontends.
+    #[arg(long, value_name = "N", default_value_t = 960, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub requests: u64,
+    /// prefix: requests in flight (closed loop) over all frontends.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub prefix_concurrency: u32,
+    /// prefix: each rank's prefix-cache capacity in blocks of 16 tokens.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub cache_blocks: u64,
+    /// prefix: workloads to run (repeatable: shared-prefix, multi-turn-chat, no-sharing); default all.
+    #[arg(long = "workload", value_name = "NAME")]
+    pub workloads: Vec<String>,
+    /// prefix: sweep the cache_aware weights instead of comparing arms.
+    #[arg(long)]
+    pub sweep: bool,
 }
 
 impl SimArgs {

@@ -9,6 +9,10 @@
 //! Pure state, no I/O, no clock: the caller passes virtual time in.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::prefix_cache::{CacheSpec, KvEvent, PrefixCache};
+use super::prompts::Prompt;
 
 /// Virtual time in microseconds since the start of a run.
 pub type Micros = u64;
@@ -37,11 +41,25 @@ pub struct Job {
     generated: u32,
     /// Tokens of this job in the step in flight.
     scheduled: u32,
+    /// Its tokens, when the engine has a prefix cache to look them up in.
+    content: Option<Arc<Prompt>>,
+    /// Blocks of `content` it references in the cache.
+    held: usize,
+    /// Prompt tokens found in the cache when it joined the batch.
+    cached: u32,
 }
 
 impl Job {
     pub fn new(id: u64, prompt: u32, output: u32, arrived: Micros) -> Job {
-        Job { id, prompt: prompt.max(1), output: output.max(1), arrived, prefilled: 0, generated: 0, scheduled: 0 }
+        let (prompt, output) = (prompt.max(1), output.max(1));
+        Job { id, prompt, output, arrived, prefilled: 0, generated: 0, scheduled: 0, content: None, held: 0, cached: 0 }
+    }
+
+    /// A job whose prompt and answer are `content`'s tokens.
+    pub fn with_content(id: u64, content: Arc<Prompt>, arrived: Micros) -> Job {
+        let mut job = Job::new(id, content.prompt_len, content.output_len(), arrived);
+        job.content = Some(content);
+        job
     }
 
     fn left(&self) -> u64 {
@@ -57,6 +75,8 @@ pub struct Advance {
     pub first_token: bool,
     /// The job produced its last output token and left the engine.
     pub finished: bool,
+    /// Prompt tokens it found in the prefix cache.
+    pub cached: u32,
 }
 
 /// One simulated DP rank.
@@ -76,6 +96,9 @@ pub struct SimEngine {
     alive: bool,
     /// Mean time to first token in ms, smoothed over recent jobs.
     ttft_ms: Option<f64>,
+    cache: Option<PrefixCache>,
+    /// `[prompt tokens, of them found cached]` over every job admitted to the batch.
+    pub hits: [u64; 2],
 }
 
 impl SimEngine {
@@ -93,7 +116,44 @@ impl SimEngine {
             prefilled: 0,
             alive: true,
             ttft_ms: None,
+            cache: None,
+            hits: [0; 2],
         }
+    }
+
+    /// Gives the engine a prefix cache: prefill then costs only the
+    /// prompt tokens after the cached prefix.
+    pub fn with_cache(mut self, spec: Option<CacheSpec>) -> SimEngine {
+        self.cache = spec.map(PrefixCache::new);
+        self
+    }
+
+    /// The prefix cache's block size, if the engine has one.
+    pub fn block_size(&self) -> Option<u32> {
+        self.cache.as_ref().map(|c| c.spec.block)
+    }
+
+    /// Whole blocks of `hashes`, from the first, the cache holds now.
+    pub fn cached_blocks(&self, hashes: &[u64]) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.matched(hashes))
+    }
+
+    /// The cache's stores and evictions since the last call.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.cache.as_mut().map_or_else(Vec::new, PrefixCache::take_events)
+    }
+
+    /// Looks a job's prompt up as it joins the batch (as vLLM's scheduler
+    /// does): the prefix found is not computed again, though at least the
+    /// last prompt token is.
+    fn look_up(&mut self, job: &mut Job) {
+        self.hits[0] += u64::from(job.prompt);
+        let (Some(c), Some(p)) = (self.cache.as_mut(), job.content.as_ref()) else { return };
+        let n = c.acquire(&p.hashes[..p.prompt_blocks(c.spec.block)]);
+        job.held = n;
+        job.prefilled = (n as u32 * c.spec.block).min(job.prompt - 1);
+        job.cached = job.prefilled;
+        self.hits[1] += u64::from(job.prefilled);
     }
 
     pub fn is_alive(&self) -> bool {
@@ -134,7 +194,8 @@ impl SimEngine {
         }
         while budget > 0 && self.running.len() < self.max_running {
             let Some(mut job) = self.waiting.pop_front() else { break };
-            job.scheduled = budget.min(job.prompt);
+            self.look_up(&mut job);
+            job.scheduled = budget.min(job.prompt - job.prefilled);
             budget -= job.scheduled;
             self.running.push(job);
         }
@@ -160,6 +221,14 @@ impl SimEngine {
             if job.prefilled < job.prompt {
                 job.prefilled += job.scheduled;
                 self.prefilled += u64::from(job.scheduled);
+                if let (Some(c), Some(p)) = (self.cache.as_mut(), job.content.as_ref()) {
+                    // Blocks fill as prefill goes; each whole one is stored.
+                    let full = (job.prefilled / c.spec.block) as usize;
+                    if full > job.held {
+                        c.store(&p.hashes, &p.tokens, job.held, full);
+                        job.held = full;
+                    }
+                }
                 if job.prefilled == job.prompt {
                     job.generated = 1;
                     first_token = true;
@@ -173,8 +242,14 @@ impl SimEngine {
                 self.ttft_ms = Some(self.ttft_ms.map_or(ms, |m| 0.8 * m + 0.2 * ms));
             }
             let finished = job.generated >= job.output;
+            if let (true, Some(c), Some(p)) = (finished, self.cache.as_mut(), job.content.as_ref()) {
+                // The answer's whole blocks are stored too; then the job lets go.
+                c.store(&p.hashes, &p.tokens, job.held, p.hashes.len());
+                c.release(&p.hashes);
+                job.held = 0;
+            }
             if first_token || finished {
-                out.push(Advance { id: job.id, first_token, finished });
+                out.push(Advance { id: job.id, first_token, finished, cached: job.cached });
             }
         }
         let before = self.running.len();
@@ -259,7 +334,7 @@ mod tests {
         // Six more full chunks, then 60000 - 7 * 8192 = 2656 tokens.
         assert_eq!(ends.len(), 7);
         let last = 6 * 675_360 + 20_000 + 2656 * 80;
-        assert_eq!(seen, [(last, Advance { id: 7, first_token: true, finished: true })]);
+        assert_eq!(seen, [(last, Advance { id: 7, first_token: true, finished: true, cached: 0 })]);
         assert_eq!((e.counts(), e.prefilled()), ([0, 0, 1, 1, 0], 60_000));
     }
 
@@ -279,6 +354,21 @@ mod tests {
         assert_eq!(ids, [(8, 1, true, false), (10, 1, false, true), (15, 2, true, true)]);
         let step9 = ends[8] - ends[7];
         assert_eq!(step9, 20_000 + 8192 * 80);
+    }
+
+    #[test]
+    fn a_cached_prefix_is_not_prefilled_again() {
+        let mut e = engine(8192).with_cache(Some(CacheSpec { block: 4, capacity: 100 }));
+        // 18 prompt tokens and 2 answer tokens: 5 whole blocks, 4 of them the prompt's.
+        let p = Arc::new(Prompt::new((1..=20).collect(), 18, 4, None));
+        e.admit(Job::with_content(1, Arc::clone(&p), 0));
+        assert_eq!(e.plan(), 18);
+        drain(&mut e);
+        e.admit(Job::with_content(2, p, 0));
+        assert_eq!(e.plan(), 2, "16 tokens cached, 2 to prefill");
+        assert_eq!(e.hits, [36, 16]);
+        let (_, seen) = drain(&mut e);
+        assert_eq!(seen[0].1.cached, 16);
     }
 
     #[test]

@@ -33,12 +33,16 @@ pub struct Endpoints {
     pub health: String,
     pub stats: String,
     pub load: Vec<String>,
+    /// The KV-event PUBs each engine binds (one per rank; none when engines publish no events).
+    pub kv: Vec<String>,
 }
 
 #[derive(Serialize)]
-struct Query {
+struct Query<'a> {
     v: u8,
     op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens: Option<&'a [u32]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,9 +53,9 @@ struct Query {
     dp_size: Option<u32>,
 }
 
-impl Query {
-    fn op(op: &'static str) -> Query {
-        Query { v: 1, op, prompt_tokens: None, rank: None, ok: None, dp_size: None }
+impl Query<'_> {
+    fn op(op: &'static str) -> Query<'static> {
+        Query { v: 1, op, tokens: None, prompt_tokens: None, rank: None, ok: None, dp_size: None }
     }
 }
 
@@ -80,6 +84,12 @@ pub struct RankState {
     /// dpcoord's own placements it counts as not yet in the rank's reports.
     #[serde(default)]
     pub pending: u64,
+}
+
+#[derive(Deserialize)]
+struct PrefixReply {
+    #[serde(default)]
+    matched: Vec<u64>,
 }
 
 #[derive(Deserialize)]
@@ -130,7 +140,24 @@ impl Rpc {
 
     /// A user placement for one request (`op: route`).
     pub fn route(&self, prompt_tokens: u64) -> Result<Answer, NetError> {
-        self.placement(&Query { prompt_tokens: Some(prompt_tokens), ..Query::op("route") }, false)
+        self.route_prompt(prompt_tokens, None, None)
+    }
+
+    /// A user placement with the prompt's token ids (for `cache_aware`) and
+    /// an optional pin (`rank`).
+    pub fn route_prompt(
+        &self,
+        prompt_tokens: u64,
+        tokens: Option<&[u32]>,
+        pin: Option<u32>,
+    ) -> Result<Answer, NetError> {
+        self.placement(&Query { prompt_tokens: Some(prompt_tokens), tokens, rank: pin, ..Query::op("route") }, false)
+    }
+
+    /// How many whole blocks of `tokens`, from the first, each rank holds in
+    /// dpcoord's prefix index (`op: prefix`, health socket only).
+    pub fn prefix(&self, tokens: &[u32]) -> Result<Vec<u64>, NetError> {
+        Ok(self.call::<PrefixReply>(&Query { tokens: Some(tokens), ..Query::op("prefix") })?.matched)
     }
 
     /// A health placement (`op: health_route`).

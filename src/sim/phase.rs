@@ -102,7 +102,16 @@ mod tests {
     use crate::sim::record::Request;
 
     fn request(issued: Micros, first: Micros) -> Request {
-        Request { frontend: 0, prompt: 10, output: 1, issued, first_token: Some(first), done: Some(first), attempts: 1 }
+        Request {
+            frontend: 0,
+            prompt: 10,
+            output: 1,
+            issued,
+            first_token: Some(first),
+            done: Some(first),
+            attempts: 1,
+            ..Request::default()
+        }
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! chart, and the numbers a report shows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::model::Micros;
 use super::phase::{self, Phase};
+use super::prompts::Prompt;
 
 /// One user request from its first send to its last token.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Request {
     pub frontend: u32,
     pub prompt: u32,
@@ -18,6 +20,10 @@ pub struct Request {
     pub done: Option<Micros>,
     /// Placements it took (more than one after a failure).
     pub attempts: u32,
+    /// Its tokens, when the run's requests carry them.
+    pub content: Option<Arc<Prompt>>,
+    /// Prompt tokens the engine found in its prefix cache.
+    pub cached: u32,
 }
 
 /// Per-rank state at one instant, for the chart.
@@ -76,6 +82,8 @@ pub struct Recorder {
     pub pending: PendingError,
     /// Paced events handled well after their wall-clock due time.
     pub late: u64,
+    /// Per rank, `[prompt tokens, of them cached]` of the jobs it batched.
+    pub hits: Vec<[u64; 2]>,
 }
 
 /// dpcoord's `pending` per rank against the truth, checked before each
@@ -147,7 +155,11 @@ impl Recorder {
             input_tokens: done.iter().map(|r| u64::from(r.prompt)).sum(),
             makespan,
             ttft_p50: percentile(&ttft, 50),
+            ttft_p90: percentile(&ttft, 90),
             ttft_p99: percentile(&ttft, 99),
+            cached_tokens: done.iter().map(|r| u64::from(r.cached)).sum(),
+            output_tokens: done.iter().map(|r| u64::from(r.output)).sum(),
+            hits: self.hits.clone(),
             placements: self.placements.clone(),
             probes: self.probes.clone(),
             probe_failures: self.probe_failures,
@@ -193,7 +205,13 @@ pub struct ArmResult {
     /// Virtual time of the last completion.
     pub makespan: Micros,
     pub ttft_p50: Micros,
+    pub ttft_p90: Micros,
     pub ttft_p99: Micros,
+    /// Prompt tokens of completed requests their engine found cached.
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// Per rank, `[prompt tokens, of them cached]`.
+    pub hits: Vec<[u64; 2]>,
     /// User requests handed to each rank.
     pub placements: Vec<u64>,
     pub probes: Vec<u64>,
@@ -218,6 +236,11 @@ impl ArmResult {
 
     pub fn placement_std(&self) -> f64 {
         std_dev(&self.placements)
+    }
+
+    /// Cached prompt tokens / prompt tokens, over completed requests.
+    pub fn hit_rate(&self) -> f64 {
+        self.cached_tokens as f64 / self.input_tokens.max(1) as f64
     }
 }
 

@@ -14,8 +14,8 @@ use super::local::{accepted_policies, DaemonSettings, Local};
 use super::model::{Micros, SimEngine, DEFAULT_COST};
 use super::record::ArmResult;
 use super::workload::{Lengths, Load};
-use super::world::{self, ArmSpec, Handoff, Probe};
-use super::{elastic, pending, report, svg, Scenario, SimArgs, SimError};
+use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
+use super::{elastic, pending, prefix, report, svg, Scenario, SimArgs, SimError};
 
 /// dpcoord's `engines.down_after_ms` in the policy scenarios: wall time, so
 /// `speed` times as long in virtual time.
@@ -46,7 +46,7 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
     ArmSpec {
         name: name.to_owned(),
         ranks: a.ranks,
-        engine: EngineSpec { chunk: a.chunk, max_running: 256, cost: DEFAULT_COST },
+        engine: EngineSpec { chunk: a.chunk, max_running: 256, cost: DEFAULT_COST, cache: None },
         lockstep: a.lockstep.unwrap_or(lockstep),
         slow: None,
         kill: None,
@@ -62,6 +62,7 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         sample_every: (nominal / 200).max(10_000),
         handoff: Handoff::default(),
         horizon: nominal.saturating_mul(20).saturating_add(60_000_000),
+        prompts_of: Prompts::default(),
     }
 }
 
@@ -202,7 +203,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
     let outcome = match s {
         Scenario::All => {
             let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
-            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending]) {
+            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending, Scenario::Prefix]) {
                 run(one, a, emit)?;
             }
             return Ok(());
@@ -213,6 +214,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::HeteroPrompts => hetero_prompts(a)?,
         Scenario::Elastic => elastic::elastic(a)?,
         Scenario::Pending => pending::pending(a)?,
+        Scenario::Prefix => prefix::prefix(a)?,
     };
     let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
     emit(outcome)?;

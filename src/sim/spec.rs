@@ -4,7 +4,35 @@
 use super::cluster::EngineSpec;
 use super::link::ProbeVia;
 use super::model::Micros;
+use super::prompts::Workload;
 use super::workload::{Lengths, Load};
+
+/// The `cache_aware` weights (docs/PROTOCOL.md §7), for the oracle.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheWeights {
+    pub prefill: f64,
+    pub balance_abs: f64,
+    pub balance_rel: f64,
+}
+
+impl Default for CacheWeights {
+    /// The documented defaults.
+    fn default() -> CacheWeights {
+        CacheWeights { prefill: 1.0, balance_abs: 32_768.0, balance_rel: 2.0 }
+    }
+}
+
+/// What requests say, and who places them (the prefix-cache runs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Prompts {
+    /// Requests carry token ids of this workload (else only lengths).
+    pub workload: Option<Workload>,
+    /// Each `route` carries the prompt's `tokens`.
+    pub on_wire: bool,
+    /// The simulator places each request itself, reading every rank's true
+    /// cache, with these weights (sent to dpcoord as a pin).
+    pub oracle: Option<CacheWeights>,
+}
 
 /// A health prober sending one probe every `every` virtual microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +70,7 @@ pub struct ArmSpec {
     pub handoff: Handoff,
     /// Virtual time after which the run stops (what is unfinished is lost).
     pub horizon: Micros,
+    pub prompts_of: Prompts,
 }
 
 impl ArmSpec {

@@ -17,12 +17,16 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use std::sync::Arc;
+
 use super::cluster::Cluster;
 use super::link::Link;
 use super::model::{Advance, Job, Micros};
 use super::net::{Answer, NetError};
+use super::oracle;
+use super::prompts::Source;
 use super::record::{bump, Live, Recorder, Request};
-pub use super::spec::{ArmSpec, Handoff, Probe};
+pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
 use super::workload::{Frontend, Load};
 
 /// Wait before a failed or refused request is placed again.
@@ -51,6 +55,10 @@ struct World<'a> {
     live: Option<&'a Live>,
     cluster: Cluster,
     frontends: Vec<Frontend>,
+    /// Each frontend's prompts, when requests carry tokens.
+    sources: Vec<Source>,
+    /// Where the oracle's next scan starts.
+    cursor: u32,
     rec: Recorder,
     queue: BinaryHeap<Reverse<(Micros, u64, Event)>>,
     seq: u64,
@@ -84,6 +92,14 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         live,
         cluster: Cluster::new(spec.engine, &speeds, spec.lockstep),
         frontends,
+        sources: spec
+            .prompts_of
+            .workload
+            .into_iter()
+            .flat_map(|w| (0..spec.frontends.max(1)).map(move |f| (w, f)))
+            .map(|(w, f)| Source::new(w, spec.engine.cache.map_or(16, |c| c.block), spec.seed, f))
+            .collect(),
+        cursor: 0,
         rec: Recorder::new(spec.engines()),
         queue: BinaryHeap::new(),
         seq: 0,
@@ -113,6 +129,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
     }
     w.sample();
     w.rec.prefilled = w.cluster.prefilled();
+    w.rec.hits = w.cluster.engines.iter().map(|e| e.hits).collect();
     Ok(w.rec)
 }
 
@@ -263,7 +280,11 @@ impl World<'_> {
 
     /// Frontend `f` sends its next request, if it has one.
     fn issue(&mut self, f: u32) -> Result<(), NetError> {
-        let Some((prompt, output)) = self.frontends[f as usize].next_request() else { return Ok(()) };
+        let Some((mut prompt, mut output)) = self.frontends[f as usize].next_request() else { return Ok(()) };
+        let content = self.sources.get_mut(f as usize).map(Source::next);
+        if let Some(c) = &content {
+            (prompt, output) = (c.prompt_len, c.output_len());
+        }
         let id = self.rec.requests.len() as u64;
         self.rec.requests.push(Request {
             frontend: f,
@@ -273,6 +294,8 @@ impl World<'_> {
             first_token: None,
             done: None,
             attempts: 0,
+            content,
+            cached: 0,
         });
         self.dispatch(id)
     }
@@ -282,11 +305,22 @@ impl World<'_> {
     fn dispatch(&mut self, id: u64) -> Result<(), NetError> {
         let r = &mut self.rec.requests[id as usize];
         r.attempts += 1;
-        let (f, prompt) = (r.frontend, r.prompt);
+        let (f, prompt, content) = (r.frontend, r.prompt, r.content.clone());
         if self.spec.handoff.is_delayed() {
             self.check_pending()?;
         }
-        match self.link.route(f as usize, prompt)? {
+        let p = self.spec.prompts_of;
+        let pin = match (p.oracle, &content) {
+            (Some(w), Some(c)) => {
+                let block = self.spec.engine.cache.map_or(16, |c| c.block);
+                let pick = oracle::pick(&self.cluster.engines, self.link.ranks(), c, block, w, self.cursor);
+                self.cursor = pick.map_or(self.cursor, |r| (r + 1) % self.link.ranks().max(1));
+                pick
+            }
+            _ => None,
+        };
+        let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
+        match self.link.route(f as usize, prompt, tokens, pin)? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
                 let (lo, hi) = self.spec.handoff.transit;
@@ -308,7 +342,11 @@ impl World<'_> {
     /// Request `id` reaches rank `rank`.
     fn deliver(&mut self, id: u64, rank: u32) -> Result<(), NetError> {
         let r = &self.rec.requests[id as usize];
-        if self.cluster.admit(rank, Job::new(id, r.prompt, r.output, self.now)) {
+        let job = match &r.content {
+            Some(c) => Job::with_content(id, Arc::clone(c), self.now),
+            None => Job::new(id, r.prompt, r.output, self.now),
+        };
+        if self.cluster.admit(rank, job) {
             self.link.publish(rank, &self.cluster.engines[rank as usize])
         } else {
             // The engine is gone: the frontend sees the failure and retries.
@@ -335,6 +373,7 @@ impl World<'_> {
             let r = &mut self.rec.requests[a.id as usize];
             if a.first_token {
                 r.first_token = Some(self.now);
+                r.cached = a.cached;
             }
             if a.finished {
                 r.done = Some(self.now);
@@ -343,6 +382,9 @@ impl World<'_> {
                     bump(&live.input_tokens, r.prompt.into());
                 }
                 follow_ups.push(r.frontend);
+                if let (Some(c), Some(s)) = (&r.content, self.sources.get_mut(r.frontend as usize)) {
+                    s.completed(c);
+                }
             }
         }
         moved.clear();
@@ -350,6 +392,9 @@ impl World<'_> {
         self.stop_drained();
         for i in 0..self.cluster.group_ranks(g).len() {
             let rank = self.cluster.group_ranks(g)[i];
+            let e = &mut self.cluster.engines[rank as usize];
+            let events = e.take_events();
+            self.link.publish_kv(rank, &events, e.block_size().unwrap_or(16), self.now)?;
             self.link.publish(rank, &self.cluster.engines[rank as usize])?;
         }
         for f in follow_ups {
