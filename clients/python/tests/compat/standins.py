@@ -43,7 +43,8 @@ PROBED = frozenset(
     "__wrapped__ __signature__ __origin__ __args__ __parameters__ __func__ __self__ __isabstractmethod__"
     " __annotations__ __dataclass_fields__ __get_pydantic_json_schema__"
     " __pydantic_core_schema__ __modify_schema__ __get_validators__ __set_name__ __get__ __set__ __delete__ __fspath__ __path__ __file__"
-    " __objclass__ __text_signature__ __code__ __globals__ __qualname__ __module__ __name__ __doc__".split()
+    " __objclass__ __text_signature__ __code__ __globals__ __qualname__ __module__ __name__ __doc__"
+    " __supertype__".split()  # __supertype__: msgspec unwraps NewTypes while the attribute exists
 )
 
 
@@ -259,3 +260,48 @@ for _op in (
 ).split():
     setattr(Anything, f"__{_op}__", _same)
     setattr(_Meta, f"__{_op}__", _same)
+
+
+# -- SGLang's native page hash ---------------------------------------------------------
+# sglang.srt.mem_cache.cpp_utils.native_hash JIT-compiles hash_binding.cpp through
+# torch.utils.cpp_extension, which the torch stand-in cannot do. ``native_page_hash`` is
+# a Python port of its ``get_hash`` for token ids below 2^32: page i's digest is
+# SHA-256(digest i-1, if any, + the page's words as little-endian u32), where a page's
+# words are its token ids, or for a bigram key (EAGLE) the pairs (t[j], t[j+1]) of its
+# positions, flattened; returned as hex, one per page when ``page_size`` is given, else
+# one for the whole key. A test puts it in place of the extension with
+# ``monkeypatch.setattr(native_hash, "_load_native_hash_module", lambda: NATIVE_HASH)``.
+
+
+def native_page_hash(raw, logical_len, unit_width, is_bigram, prior_digest, page_size=None):
+    import array as _array
+    import hashlib
+
+    if unit_width != (2 if is_bigram else 1):
+        raise NotImplementedError("the native hash stand-in covers plain and bigram token keys only")
+    tokens = list(raw[: logical_len + 1 if is_bigram else logical_len])
+    if any(not 0 <= t < 2**32 for t in tokens):
+        raise NotImplementedError("the native hash stand-in covers token ids below 2^32 only")
+
+    def words(start, end):
+        if not is_bigram:
+            return tokens[start:end]
+        return [w for j in range(start, end) for w in (tokens[j], tokens[j + 1])]
+
+    def page(chunk, prior):
+        digest = hashlib.sha256()
+        if prior is not None:
+            digest.update(prior)
+        digest.update(_array.array("I", chunk).tobytes())  # little-endian on the Linux hosts SGLang supports
+        return digest.digest()
+
+    if page_size is None:
+        return page(words(0, logical_len), prior_digest).hex()
+    out = []
+    for start in range(0, logical_len, page_size):
+        prior_digest = page(words(start, min(start + page_size, logical_len)), prior_digest)
+        out.append(prior_digest.hex())
+    return out
+
+
+NATIVE_HASH = types.SimpleNamespace(get_hash=native_page_hash)
