@@ -21,6 +21,7 @@ from .errors import (
     UnreachableError,
     UnsupportedVersionError,
 )
+from .prefix import block_keys, chain_seed
 from .publisher import StatsPublisher
 
 __version__ = "0.1.0"
@@ -41,6 +42,8 @@ __all__ = [
     "UnknownOpError",
     "UnreachableError",
     "UnsupportedVersionError",
+    "block_keys",
+    "chain_seed",
     "publish_sglang",
     "publish_vllm",
 ]

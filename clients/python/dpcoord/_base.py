@@ -39,6 +39,9 @@ class ClientBase:
     """
 
     _context_class: type[zmq.Context] = zmq.Context
+    #: While dpcoord's ``kv_block_size`` is nil (no KV event yet: it keys prompts
+    #: in blocks of 16), how often computing keys asks ``state`` again (seconds).
+    block_size_refresh_s: float = 10.0
 
     def __init__(
         self,
@@ -52,9 +55,15 @@ class ClientBase:
         track_state: bool = True,
         fallback_when_uninformed: bool = True,
         context: zmq.Context | None = None,
+        max_prompt_tokens: int = 262_144,
     ):
         if timeout_ms <= 0:
             raise ValueError("timeout_ms must be positive")
+        if max_prompt_tokens < 1:
+            raise ValueError("max_prompt_tokens must be positive")
+        #: dpcoord's ``limits.max_prompt_tokens``: longer ``tokens`` (and more than a
+        #: sixteenth of it in ``block_keys``) raise TooLargeError before sending.
+        self.max_prompt_tokens = int(max_prompt_tokens)
         self.timeout_ms = int(timeout_ms)
         self.track_state = track_state
         self._ctx = context or self._context_class.instance()
@@ -105,10 +114,24 @@ class ClientBase:
         """The epoch of the last ``state`` seen."""
         return self._local.epoch
 
+    @property
+    def kv_block_size(self) -> int | None:
+        """dpcoord's ``kv_block_size`` in the last ``state`` seen (None while it
+        had none, or before the first ``state``); keys are then computed in 16s."""
+        return self._local.kv_block_size
+
     # -- every call's flow, as steps (see the module docstring) ----------------------
 
-    def _route_steps(self, n, prompt_tokens, rank, bootstrap_room, session, id) -> Steps:
-        query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id)
+    def _route_steps(
+        self, n, prompt_tokens, rank, bootstrap_room, session, id, tokens=None, block_keys=None, lora=None, salt=None,
+        send="tokens",
+    ) -> Steps:
+        keys_here = _core.check_prompt(tokens, block_keys, lora, salt, send, self.max_prompt_tokens)
+        block_size = (yield from self._block_size_steps()) if keys_here else None
+        prompt = _core.prompt_fields(tokens, block_keys, lora, salt, send, block_size)
+        if prompt_tokens is not None:
+            prompt.pop("prompt_tokens", None)  # the caller's prompt_tokens wins
+        query = _core.route_query(n, prompt_tokens, rank, bootstrap_room, session, id, prompt)
         if (yield ("acquire",)):
             try:
                 skip = self._uninformed(rank, bootstrap_room)
@@ -124,6 +147,29 @@ class ClientBase:
         else:
             where = "client busy: another call holds it"
         return self._route_locally(n, rank, bootstrap_room, session, where)
+
+    def _block_size_steps(self) -> Steps:
+        """The block size to compute keys with: dpcoord's ``kv_block_size`` from the
+        last ``state`` (16 while it is nil), asked for again when the client has
+        none yet, or it was nil ``block_size_refresh_s`` ago. A ``state`` that gets
+        no answer (endpoints down are not waited on) leaves the cached value."""
+        if self._local.block_size_stale(self.block_size_refresh_s) and (yield ("acquire",)):
+            try:
+                state = yield from self._ask("route", {"v": _core.VERSION, "op": "state"}, fast=True)
+            except DpcoordError:
+                state = None
+            finally:
+                self._release()
+            if state is not None:
+                self._local.observe_state(state, self.last_endpoint)
+        return self._local.checked_block_size()
+
+    def _block_keys_steps(self, tokens, lora, salt) -> Steps:
+        if tokens is None:
+            raise TypeError("block_keys needs the prompt's token ids")
+        _core.check_prompt(tokens, None, lora, salt, "keys", self.max_prompt_tokens)
+        block_size = yield from self._block_size_steps()
+        return _core.prompt_fields(tokens, None, lora, salt, "keys", block_size)["block_keys"]
 
     def _health_route_steps(self, rank, bootstrap_room) -> Steps:
         query = _core.health_route_query(rank, bootstrap_room)

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from . import prefix
 from .errors import (
     BadRequestError,
     InvalidRankError,
@@ -60,7 +61,8 @@ def decode(raw: bytes, sent_id: Any = None) -> dict[str, Any]:
     return reply
 
 
-def route_query(n, prompt_tokens, rank, bootstrap_room, session, id) -> dict[str, Any]:
+def route_query(n, prompt_tokens, rank, bootstrap_room, session, id, prompt=None) -> dict[str, Any]:
+    """A ``route`` query; ``prompt`` is what :func:`prompt_fields` made (or None)."""
     return {
         "v": VERSION,
         "op": "route",
@@ -70,7 +72,63 @@ def route_query(n, prompt_tokens, rank, bootstrap_room, session, id) -> dict[str
         "rank": rank,
         "bootstrap_room": bootstrap_room,
         "session": session,
+        **(prompt or {}),
     }
+
+
+# -- a route's prompt (PROTOCOL.md §4, §11a) ---------------------------------------------
+
+SEND = ("tokens", "keys")
+
+
+def check_prompt(tokens, block_keys, lora, salt, send, max_prompt_tokens: int) -> bool:
+    """The cheap checks of a prompt, as dpcoord makes them (``bad_request``,
+    ``too_large``), before anything is sent or answered locally. Returns whether
+    the keys must be computed here (``tokens`` with ``send="keys"``), which needs
+    the block size."""
+    if send not in SEND:
+        raise ValueError(f"send must be 'tokens' or 'keys', got {send!r}")
+    for name, value in (("lora", lora), ("salt", salt)):
+        if value is not None and not isinstance(value, str):
+            raise BadRequestError(message=f"`{name}` must be a string, got {type(value).__name__}")
+    if tokens is not None and block_keys is not None:
+        raise BadRequestError(message="send `tokens` or `block_keys`, not both")
+    if block_keys is not None and (lora is not None or salt is not None):
+        raise BadRequestError(message="`lora` and `salt` are already in `block_keys`; send them only with `tokens`")
+    if tokens is None and block_keys is None:
+        if lora is not None or salt is not None:
+            raise BadRequestError(message="`lora` and `salt` go with `tokens`")
+        return False
+    if tokens is not None:
+        _check_len("tokens", tokens, max_prompt_tokens)
+        return send == "keys"
+    _check_len("block_keys", block_keys, max(max_prompt_tokens // prefix.TOKENS_PER_KEY, 1))
+    return False
+
+
+def _check_len(name: str, values, limit: int) -> None:
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise BadRequestError(message=f"`{name}` must be a list of integers, got {type(values).__name__}")
+    if len(values) > limit:
+        raise TooLargeError(message=f"`{name}` has {len(values)} elements, above the limit of {limit}")
+
+
+def prompt_fields(tokens, block_keys, lora, salt, send, block_size: int | None) -> dict[str, Any]:
+    """The query keys of a prompt that passed :func:`check_prompt`. With
+    ``send="keys"`` the keys of ``tokens`` are computed with ``block_size``, and
+    ``prompt_tokens`` is the prompt's true length (dpcoord would otherwise take
+    ``len(block_keys) * kv_block_size``, losing the partial last block)."""
+    if tokens is not None and send == "keys":
+        try:
+            keys = prefix.block_keys(tokens, block_size, lora, salt)
+        except (TypeError, ValueError) as e:
+            raise BadRequestError(message=f"`tokens`: {e}") from None
+        return {"block_keys": keys, "prompt_tokens": len(tokens)}
+    if tokens is not None:
+        return {"tokens": tokens if isinstance(tokens, (list, tuple)) else list(tokens), "lora": lora, "salt": salt}
+    if block_keys is not None:
+        return {"block_keys": block_keys if isinstance(block_keys, (list, tuple)) else list(block_keys)}
+    return {}
 
 
 def health_route_query(rank, bootstrap_room, id=None) -> dict[str, Any]:
@@ -190,6 +248,11 @@ class LocalRouter:
     routable: list[int] | None = None
     state_dp_size: int | None = None
     seen: set[int] = field(default_factory=set)
+    #: ``kv_block_size`` of the last ``state`` seen (None: nil, or no state yet).
+    kv_block_size: int | None = None
+    #: When (``time.monotonic()``) the block size was last asked for (a ``state``
+    #: seen, or an attempt that got none); None: never.
+    kv_checked_at: float | None = None
     _user_cursor: int = 0
     _health_cursor: int = 0
     _outage: bool = False
@@ -221,12 +284,33 @@ class LocalRouter:
             e["rank"] for e in entries if e.get("status") in ROUTABLE and isinstance(e.get("rank"), int)
         )
         uninformed = all(e.get("status") == "unknown" for e in entries)
+        bs = reply.get("kv_block_size")
         with self._lock:
+            self.kv_block_size = bs if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 else None
+            self.kv_checked_at = time.monotonic()
             self.epoch = reply.get("epoch")
             self.source = source
             self.state_dp_size = len(ranks)
             if not (uninformed and self.routable):
                 self.routable = routable
+
+    def block_size_stale(self, refresh_s: float) -> bool:
+        """Whether the block size must be asked for before keys are computed: no
+        ``state`` seen yet, or the last had none (nil: 16 is used meanwhile) and
+        it is at least ``refresh_s`` old. A learned size is kept: dpcoord never
+        changes it while it runs, and every ``state`` the client sees (a new
+        epoch, an endpoint back) refreshes it anyway."""
+        with self._lock:
+            if self.kv_checked_at is None:
+                return True
+            return self.kv_block_size is None and time.monotonic() - self.kv_checked_at >= refresh_s
+
+    def checked_block_size(self) -> int:
+        """The block size to key prompts in now: the learned one, else 16."""
+        with self._lock:
+            if self.kv_checked_at is None:
+                self.kv_checked_at = time.monotonic()  # asked, got nothing: do not ask on every call
+            return self.kv_block_size or prefix.DEFAULT_BLOCK_SIZE
 
     def observe_ranks(self, ranks) -> None:
         with self._lock:

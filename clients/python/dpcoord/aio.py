@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Sequence
 
 import zmq
 import zmq.asyncio
@@ -37,8 +37,19 @@ class AsyncRouterClient(ClientBase):
         bootstrap_room: int | None = None,
         session: str | None = None,
         id: Any = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        block_keys: Sequence[int] | None = None,
+        lora: str | None = None,
+        salt: str | None = None,
+        send: str = "tokens",
     ) -> list[int]:
-        return await self._run(self._route_steps(n, prompt_tokens, rank, bootstrap_room, session, id))
+        return await self._run(
+            self._route_steps(n, prompt_tokens, rank, bootstrap_room, session, id, tokens, block_keys, lora, salt, send)
+        )
+
+    async def block_keys(self, tokens: Sequence[int], lora: str | None = None, salt: str | None = None) -> list[int]:
+        return await self._run(self._block_keys_steps(tokens, lora, salt))
 
     async def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         return await self._run(self._health_route_steps(rank, bootstrap_room))

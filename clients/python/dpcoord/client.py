@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import zmq
 
@@ -51,6 +51,12 @@ class RouterClient(ClientBase):
         bootstrap_room: int | None = None,
         session: str | None = None,
         id: Any = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        block_keys: Sequence[int] | None = None,
+        lora: str | None = None,
+        salt: str | None = None,
+        send: str = "tokens",
     ) -> list[int]:
         """The ranks for ``n`` requests, in placement order.
 
@@ -58,8 +64,22 @@ class RouterClient(ClientBase):
         on ``bootstrap_room % dp_size`` (PD disaggregation), ``session`` keeps
         affinity. In fallback a pin or room still goes to its rank, and a session
         maps to a fixed rank of the fallback pool.
+
+        The prompt, for ``cache_aware`` (a batch shares one): ``tokens`` (token
+        ids, with the optional ``lora`` name and cache ``salt``) or ``block_keys``
+        (see :func:`dpcoord.block_keys`). ``send="keys"`` sends the keys of
+        ``tokens``, computed here with dpcoord's block size (see
+        :meth:`block_keys`), and ``prompt_tokens=len(tokens)`` unless given.
         """
-        return self._run(self._route_steps(n, prompt_tokens, rank, bootstrap_room, session, id))
+        return self._run(
+            self._route_steps(n, prompt_tokens, rank, bootstrap_room, session, id, tokens, block_keys, lora, salt, send)
+        )
+
+    def block_keys(self, tokens: Sequence[int], lora: str | None = None, salt: str | None = None) -> list[int]:
+        """The block keys of ``tokens`` in dpcoord's block size: ``kv_block_size``
+        from its ``state``, or 16 while it has none (asked for again every
+        ``block_size_refresh_s`` until it has one; a learned size is kept)."""
+        return self._run(self._block_keys_steps(tokens, lora, salt))
 
     def health_route(self, rank: int | None = None, bootstrap_room: int | None = None) -> int:
         """The rank a health probe should go to, by the health channel's own rotation."""
