@@ -11,13 +11,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dpcoord::config::Config;
-use dpcoord::engines::kv::{KvEvent, Medium, Stored};
+use dpcoord::config::{Config, PolicyKind};
+use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium, Stored};
 use dpcoord::engines::prefix::keys::{chain_keys, chain_seed};
 use dpcoord::engines::prefix::PrefixIndex;
+use dpcoord::engines::{EngineEvent, LoadReport};
 use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
-use dpcoord::wire::{decode_kv_batch, SourceKind};
+use dpcoord::wire::{decode_kv_batch, Channel, SourceKind};
 
 use crate::report::{num, rate, ratio, Report, Table};
 use crate::support::{Daemon, Mp};
@@ -260,8 +261,132 @@ fn ingest_in_process(mode: Mode, report: &mut Report) {
     );
 }
 
+/// A coordinator over `dp` ranks, all up and publishing KV events, under
+/// `policy`; rank `dp / 2` holds `prompt` (block size 16).
+fn fleet(dp: u32, policy: PolicyKind, prompt: &[u32]) -> Coordinator {
+    let cfg = crate::decision::config(dp, policy);
+    let now = Instant::now();
+    let kv = dpcoord::config::KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None };
+    let mut c = Coordinator::new(&cfg.settings, Metrics::new(dp), now).with_kv_endpoints(&[kv]);
+    for rank in 0..dp {
+        let report = LoadReport::new(rank, 1, 1).counts(crate::decision::counts(rank, 0));
+        c.on_event(EngineEvent::Load(report), now);
+    }
+    let stored = KvEvent::Stored(Stored {
+        hashes: (1..=(prompt.len() / BLOCK) as u64).collect(),
+        parent: None,
+        tokens: prompt.to_vec(),
+        block_size: BLOCK as u32,
+        medium: Medium::Gpu,
+        lora: None,
+        salt: None,
+    });
+    let batch = Ok(KvBatch { rank: Some(dp / 2), events: vec![stored] });
+    c.on_event(
+        EngineEvent::Kv(KvMessage { stream: 0, from_replay: false, body: KvBody::Batch { seq: 0, batch } }),
+        now,
+    );
+    // Every other rank publishes too (an empty batch): all matches come from events.
+    for (seq, rank) in (1..).zip((0..dp).filter(|&r| r != dp / 2)) {
+        let batch = Ok(KvBatch { rank: Some(rank), events: vec![] });
+        c.on_event(
+            EngineEvent::Kv(KvMessage { stream: 0, from_replay: false, body: KvBody::Batch { seq, batch } }),
+            now,
+        );
+    }
+    c
+}
+
+/// Median µs of one whole route query (decode, lookup, pick, reply) on `c`.
+fn query_us(c: &mut Coordinator, query: &[u8], chunks: usize) -> f64 {
+    let mut out = Vec::with_capacity(256);
+    let mut per: Vec<f64> = (0..chunks)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..50 {
+                c.on_query(Channel::Route, black_box(query), t, &mut out);
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / 50.0;
+            c.tick(Instant::now() + Duration::from_secs(3)); // pending placements expire
+            us
+        })
+        .collect();
+    per.sort_by(f64::total_cmp);
+    per[per.len() / 2]
+}
+
+/// One `cache_aware` decision for an 8,192-token prompt, with `tokens` and
+/// with `block_keys` on the wire, against `least_load` in the same run.
+fn cache_aware_decision(mode: Mode, report: &mut Report) {
+    let chunks = if mode == Mode::Full { 201 } else { 3 };
+    let prompt = Rng(5).tokens(PROMPT_TOKENS);
+    let mut keys = Vec::new();
+    chain_keys(chain_seed(None, None), &prompt, BLOCK, &mut keys);
+    let encode = |with: &str| {
+        let mut b = Vec::new();
+        let mut mp = Mp(&mut b);
+        mp.map(4).str("v").uint(1).str("op").str("route").str("prompt_tokens").uint(PROMPT_TOKENS as u64);
+        match with {
+            "tokens" => {
+                mp.str("tokens").array(prompt.len() as u32);
+                for &t in &prompt {
+                    mp.uint(u64::from(t));
+                }
+            }
+            "keys" => {
+                mp.str("block_keys").array(keys.len() as u32);
+                for &k in &keys {
+                    mp.uint(k);
+                }
+            }
+            _ => {
+                mp.str("n").uint(1);
+            }
+        }
+        b
+    };
+    let (plain, with_tokens, with_keys) = (encode("none"), encode("tokens"), encode("keys"));
+    let mut t = Table::new(
+        "cache_aware: one route query with an 8,192-token prompt (decode, lookup, pick, reply)",
+        &[
+            "ranks",
+            "least_load us",
+            "block_keys us",
+            "vs least_load",
+            "tokens us",
+            "vs least_load",
+            "query bytes keys / tokens",
+        ],
+    );
+    for dp in [8u32, 64] {
+        let base = query_us(&mut fleet(dp, PolicyKind::LeastLoad, &prompt), &plain, chunks);
+        let mut c = fleet(dp, PolicyKind::CacheAware, &prompt);
+        let k = query_us(&mut c, &with_keys, chunks);
+        let tk = query_us(&mut c, &with_tokens, chunks);
+        t.row(vec![
+            dp.to_string(),
+            num(base, 2),
+            num(k, 2),
+            ratio(k, base),
+            num(tk, 2),
+            ratio(tk, base),
+            format!("{} / {}", rate(with_keys.len() as f64), rate(with_tokens.len() as f64)),
+        ]);
+        if dp == 8 {
+            report.target(
+                "cache_aware decision, block_keys, 8,192 tokens at 8 ranks",
+                "<= 10 us",
+                format!("{k:.2} us"),
+                k <= 10.0,
+            );
+        }
+    }
+    t.print();
+}
+
 pub fn run(mode: Mode, report: &mut Report) {
     keys_and_lookup(mode, report);
+    cache_aware_decision(mode, report);
     memory(mode, report);
     ingest_in_process(mode, report);
     ingest_daemon(mode, report);
@@ -313,11 +438,12 @@ fn ingest_daemon(mode: Mode, report: &mut Report) {
         }
         (routing.join().expect("routing thread"), sent)
     });
+    // The counter counts BlockStored events: EVENT_BLOCKS blocks each.
     let stored = crate::support::eventually("dpcoord to absorb the batches", || {
         let n = d.metric("dpcoord_kv_events_total{dp_rank=\"0\",result=\"stored\"}")? - stored_before;
         std::thread::sleep(Duration::from_millis(50));
         let again = d.metric("dpcoord_kv_events_total{dp_rank=\"0\",result=\"stored\"}")? - stored_before;
-        (n == again).then_some(again)
+        (n == again).then_some(again * EVENT_BLOCKS as f64)
     });
     let gaps = d.metric("dpcoord_kv_event_gaps_total").unwrap_or(f64::NAN);
     let offered = sent as f64 * per_batch;

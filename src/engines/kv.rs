@@ -61,8 +61,17 @@ pub struct Stored {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
     Stored(Stored),
-    Removed { hashes: Vec<u64>, medium: Medium },
+    Removed {
+        hashes: Vec<u64>,
+        medium: Medium,
+    },
     Cleared,
+    /// A well-formed event the index cannot key exactly (why): counted,
+    /// the rest of its batch applies.
+    Unindexable(&'static str),
+    /// An event of a KV cache group other than the first (vLLM's hybrid
+    /// models publish one per group, with the same hashes): ignored.
+    OtherGroup,
 }
 
 /// One decoded `KVEventBatch`.

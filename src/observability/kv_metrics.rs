@@ -75,11 +75,12 @@ impl ResetCause {
 }
 
 /// `dpcoord_kv_events_total`'s results, in the order of [`RankKv::events`].
-const EVENT_RESULTS: [&str; 6] = ["stored", "removed", "cleared", "unknown_parent", "unknown_block", "bad_event"];
+const EVENT_RESULTS: [&str; 7] =
+    ["stored", "removed", "cleared", "unknown_parent", "unknown_block", "bad_event", "other_group"];
 
 /// One rank's handles.
 struct RankKv {
-    events: [IntCounter; 6],
+    events: [IntCounter; 7],
     blocks: [IntGauge; 4],
     resets: [IntCounter; 4],
     evicted: IntCounter,
@@ -205,7 +206,7 @@ impl KvMetrics {
 
     pub fn applied(&self, rank: u32, a: &Applied) {
         let Some(m) = self.ranks.get(rank as usize) else { return };
-        let counts = [a.stored, a.removed, a.cleared, a.unknown_parent, a.unknown_block, a.bad_event];
+        let counts = [a.stored, a.removed, a.cleared, a.unknown_parent, a.unknown_block, a.bad_event, a.other_group];
         for (c, n) in m.events.iter().zip(counts) {
             c.inc_by(n);
         }

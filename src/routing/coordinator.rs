@@ -284,7 +284,7 @@ impl Coordinator {
             let mut last = None;
             for &rank in out.iter() {
                 if last != Some(rank) {
-                    self.prefix.learn(rank, now);
+                    self.prefix.learn(rank, &self.kv, now);
                     last = Some(rank);
                 }
             }

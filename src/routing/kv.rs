@@ -120,6 +120,13 @@ impl KvStreams {
             }
             self.finish_replay(s, Some(ReplayResult::Incomplete), now);
         }
+        // One SUB connection delivers a publisher's batches in order, once:
+        // a seq below the next expected one means the publisher restarted
+        // (its seq 0 may have been lost), and what it held before is gone.
+        if self.streams[s].next.is_some_and(|next| seq < next) {
+            self.reset(self.rank_of(s, &batch), ResetCause::Restart);
+            self.streams[s].next = None;
+        }
         let st = &mut self.streams[s];
         match st.next {
             None if st.can_replay && seq > 0 => self.start_replay(s, 0, true, (seq, batch), now),
@@ -127,16 +134,11 @@ impl KvStreams {
                 self.metrics.gap();
                 self.start_replay(s, next, false, (seq, batch), now);
             }
-            Some(next) if seq < next && seq != 0 => self.metrics.batch(BatchResult::Stale),
             next => {
-                if let Some(n) = next {
-                    if seq == 0 && n > 0 {
-                        self.reset(self.rank_of(s, &batch), ResetCause::Restart);
-                    } else if seq > n {
-                        self.metrics.gap();
-                        self.metrics.replay(ReplayResult::Unavailable);
-                        self.reset(self.rank_of(s, &batch), ResetCause::Gap);
-                    }
+                if next.is_some_and(|n| seq > n) {
+                    self.metrics.gap();
+                    self.metrics.replay(ReplayResult::Unavailable);
+                    self.reset(self.rank_of(s, &batch), ResetCause::Gap);
                 }
                 self.streams[s].next = Some(seq + 1);
                 self.apply(s, batch, now);

@@ -118,14 +118,12 @@ fn a_replay_that_cannot_cover_the_gap_clears_the_rank() {
 }
 
 #[test]
-fn a_restarted_publisher_clears_and_duplicates_are_stale() {
+fn a_seq_going_back_is_a_restarted_publisher() {
     let (mut s, r) = streams();
     let t0 = Instant::now();
     s.on_message(msg(false, 0, store(1)), t0);
     s.on_message(msg(false, 1, store(2)), t0);
-    s.on_message(msg(false, 1, store(9)), t0);
-    assert!(!holds(&s, 9));
-    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "stale")), 1);
+    // Seq 0 again: the publisher restarted; what it held before is gone.
     s.on_message(msg(false, 0, store(3)), t0);
     assert!(!holds(&s, 1) && !holds(&s, 2) && holds(&s, 3));
     assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "restart")), 1);
@@ -134,9 +132,19 @@ fn a_restarted_publisher_clears_and_duplicates_are_stale() {
     s.on_message(msg(false, 2, store(4)), t0);
     assert!(asks(&mut s).is_empty());
     assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "malformed")), 1);
+    // Restarted again, its seq 0 lost: seq 1 after 2 clears the rank and asks
+    // the new publisher for its history from 0.
+    s.on_message(msg(false, 1, store(5)), t0);
+    assert!(!holds(&s, 3) && !holds(&s, 4));
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "restart")), 2);
+    assert_eq!(asks(&mut s), vec![(0, 0)]);
+    s.on_message(msg(true, 0, store(6)), t0);
+    s.on_message(msg(true, 1, store(5)), t0);
+    s.on_message(end(), t0);
+    assert!(holds(&s, 6) && holds(&s, 5));
     // A rank out of range is refused.
     let far = Ok(KvBatch { rank: Some(7), events: vec![KvEvent::Cleared] });
-    s.on_message(msg(false, 3, far), t0);
+    s.on_message(msg(false, 2, far), t0);
     assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "unknown_rank")), 1);
 }
 

@@ -111,9 +111,15 @@ impl PrefixRouting {
     }
 
     /// The last looked-up prompt was placed on `rank` by a policy pick:
-    /// the approximate index takes it as cached there.
-    pub fn learn(&mut self, rank: u32, now: Instant) {
-        if self.mode != PrefixMode::Events {
+    /// the approximate index takes it as cached there, unless that rank's
+    /// matches come from its KV events.
+    pub fn learn(&mut self, rank: u32, kv: &KvStreams, now: Instant) {
+        let learns = match self.mode {
+            PrefixMode::Events => false,
+            PrefixMode::Approximate => true,
+            PrefixMode::Auto => !kv.has_events(rank),
+        };
+        if learns {
             self.approx.record(rank, &self.keys, now);
         }
     }

@@ -157,6 +157,9 @@ struct Fields<'a> {
     lora: Option<&'a str>,
     salt: Option<&'a str>,
     first_extra: Vec<&'a str>,
+    /// `token_ids` held token pairs (SGLang's EAGLE bigram pages).
+    paired_tokens: bool,
+    group: Option<u64>,
 }
 
 /// Positional field names of the tagged-array form, after the tag.
@@ -197,7 +200,14 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
         other => return Err(field("event", "a map or a tagged array", other)),
     }
     let medium = Medium::parse(f.medium).ok_or_else(|| BatchError::Medium(f.medium.unwrap_or("").to_owned()))?;
-    match f.tag.ok_or(BatchError::NoTag)? {
+    let tag = f.tag.ok_or(BatchError::NoTag)?;
+    if f.group.is_some_and(|g| g > 0) && tag != "AllBlocksCleared" {
+        return Ok(KvEvent::OtherGroup);
+    }
+    if f.paired_tokens && tag == "BlockStored" {
+        return Ok(KvEvent::Unindexable("token pairs (EAGLE bigram pages) are not keyed"));
+    }
+    match tag {
         "BlockStored" => {
             // vLLM's salt is the first string of the first block's extra keys
             // that is not the LoRA name; SGLang sends `cache_salt`.
@@ -269,9 +279,14 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
             for _ in 0..n {
                 match r.small_uint() {
                     Some(t) => tokens.push(t),
-                    // Not a u32 in any width: a u64 or i64 that is one, or an error.
+                    // Not a u32 in any width: a u64 or i64 that is one, a
+                    // token pair (skipped: the event is not indexed), or an error.
                     None => match r.read()? {
                         Value::Int(t) if (0..=i128::from(u32::MAX)).contains(&t) => tokens.push(t as u32),
+                        pair @ Value::Array(_) => {
+                            r.skip_rest(pair)?;
+                            f.paired_tokens = true;
+                        }
                         other => return Err(field("token_ids", "token ids in 0..2^32", other)),
                     },
                 }
@@ -286,6 +301,11 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
         "lora_name" => f.lora = opt_str("lora_name", v)?,
         "cache_salt" => f.salt = opt_str("cache_salt", v)?,
         "extra_keys" => read_first_extra(r, f, v)?,
+        "group_idx" => match v {
+            Value::Nil => f.group = None,
+            Value::Int(g) if g >= 0 => f.group = Some(g as u64),
+            other => return Err(field("group_idx", "a non-negative integer or nil", other)),
+        },
         _ => r.skip_rest(v)?,
     }
     Ok(())

@@ -182,3 +182,32 @@ fn frames_live_replayed_and_the_end_marker() {
     let short_seq = [&b""[..], &b"\x01"[..], &payload[..]];
     assert_eq!(decode_kv_message(0, false, &short_seq, 64), Err(KvFrameError::SeqBytes(1)));
 }
+
+#[test]
+fn token_pairs_and_other_cache_groups_are_events_the_index_skips() {
+    // SGLang with EAGLE: token_ids are bigrams. vLLM's hybrid models: group_idx > 0.
+    let pairs = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1])),
+        ("parent_block_hash", M::Nil),
+        ("token_ids", M::Array(vec![ints(&[5, 6])])),
+        ("block_size", M::from(1)),
+        ("lora_id", M::Nil),
+    ]);
+    let group = map(vec![("type", s("BlockRemoved")), ("block_hashes", ints(&[1])), ("group_idx", M::from(1))]);
+    let first_group = map(vec![("type", s("BlockRemoved")), ("block_hashes", ints(&[1])), ("group_idx", M::from(0))]);
+    let batch = M::Array(vec![
+        M::F64(0.0),
+        M::Array(vec![pairs, group, first_group, map(vec![("type", s("AllBlocksCleared"))])]),
+    ]);
+    let got = decode_batch(&enc(&batch)).unwrap();
+    assert_eq!(
+        got.events,
+        vec![
+            KvEvent::Unindexable("token pairs (EAGLE bigram pages) are not keyed"),
+            KvEvent::OtherGroup,
+            KvEvent::Removed { hashes: vec![1], medium: Medium::Gpu },
+            KvEvent::Cleared,
+        ]
+    );
+}

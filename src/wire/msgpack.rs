@@ -81,6 +81,23 @@ impl<'a> Reader<'a> {
         Some(v)
     }
 
+    /// The next value if it is an unsigned integer in any width (read
+    /// without building a [`Value`]); `None`, consuming nothing, otherwise.
+    pub fn uint64(&mut self) -> Option<u64> {
+        if let Some(v) = self.small_uint() {
+            return Some(v.into());
+        }
+        let rest = &self.buf[self.pos..];
+        match *rest.first()? {
+            0xcf => {
+                let v = u64::from_be_bytes(rest.get(1..9)?.try_into().ok()?);
+                self.pos += 9;
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
     /// `n` items, or fewer when fewer bytes are left (each item takes at
     /// least one): a capacity to reserve that no length prefix can inflate.
     pub fn room_for(&self, n: u32) -> usize {
@@ -204,9 +221,25 @@ impl<'a> Reader<'a> {
         let mut remaining: u64 = children(first);
         while remaining > 0 {
             remaining -= 1;
-            remaining += children(self.read()?);
+            // Integers (token ids, keys) are skipped by their length alone.
+            match self.buf.get(self.pos).and_then(|&b| int_len(b)) {
+                Some(n) => drop(self.take(n)?),
+                None => remaining += children(self.read()?),
+            }
         }
         Ok(())
+    }
+}
+
+/// The encoded length of an integer whose marker is `b`; `None` for any other marker.
+fn int_len(b: u8) -> Option<usize> {
+    match b {
+        0x00..=0x7f | 0xe0..=0xff => Some(1),
+        0xcc | 0xd0 => Some(2),
+        0xcd | 0xd1 => Some(3),
+        0xce | 0xd2 => Some(5),
+        0xcf | 0xd3 => Some(9),
+        _ => None,
     }
 }
 
@@ -256,6 +289,10 @@ mod tests {
             assert_eq!(r.small_uint(), None, "{b:?}");
             assert_eq!(r.position(), 0, "nothing consumed");
         }
+        let mut r = Reader::new(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(r.uint64(), Some(u64::MAX));
+        assert_eq!(Reader::new(&[0xcf, 0xff]).uint64(), None, "truncated");
+        assert_eq!(Reader::new(&enc(&-5i64)).uint64(), None);
     }
 
     #[test]
@@ -268,6 +305,20 @@ mod tests {
         r.skip_rest(first).unwrap();
         assert_eq!(r.read(), Ok(Value::Str("tail")));
         assert!(r.at_end());
+    }
+
+    #[test]
+    fn integers_are_skipped_by_length_and_truncation_is_still_caught() {
+        let b = enc(&(vec![1u64, 300, 70_000, u64::MAX], vec![-1i64, -200, i64::MIN], "tail"));
+        let mut r = Reader::new(&b);
+        let outer = r.read().unwrap();
+        r.skip_rest(outer).unwrap();
+        assert!(r.at_end());
+        let mut cut = enc(&vec![u64::MAX]);
+        cut.pop();
+        let mut r = Reader::new(&cut);
+        let v = r.read().unwrap();
+        assert_eq!(r.skip_rest(v), Err(ReadError::Truncated));
     }
 
     #[test]

@@ -24,10 +24,13 @@ impl Prompt<'_> {
         if let Prompt::Tokens { array, .. } = *self {
             let mut r = Reader::new(array);
             if let Ok(Value::Array(n)) = r.read() {
-                // Checked by `decode_prompt`: every element is an int below 2^32.
-                out.extend((0..n).filter_map(|_| match r.read() {
-                    Ok(Value::Int(t)) => u32::try_from(t).ok(),
-                    _ => None,
+                // Checked by `decode_prompt`: every element is an int below 2^32
+                // (a wider encoding of one falls back to the full reader).
+                out.extend((0..n).filter_map(|_| {
+                    r.small_uint().or_else(|| match r.read() {
+                        Ok(Value::Int(t)) => u32::try_from(t).ok(),
+                        _ => None,
+                    })
                 }));
             }
         }
@@ -39,9 +42,11 @@ impl Prompt<'_> {
         if let Prompt::Keys { array, .. } = *self {
             let mut r = Reader::new(array);
             if let Ok(Value::Array(n)) = r.read() {
-                out.extend((0..n).filter_map(|_| match r.read() {
-                    Ok(Value::Int(k)) => u64::try_from(k).ok(),
-                    _ => None,
+                out.extend((0..n).filter_map(|_| {
+                    r.uint64().or_else(|| match r.read() {
+                        Ok(Value::Int(k)) => u64::try_from(k).ok(),
+                        _ => None,
+                    })
                 }));
             }
         }
@@ -74,6 +79,12 @@ fn check_array(name: &str, raw: &[u8], max: u32, fits: impl Fn(i128) -> bool, wh
         other => return Err(bad(format!("`{name}` must be an array, got {}", other.type_name()))),
     };
     for i in 0..n {
+        // The common case, an unsigned int, without building a `Value`.
+        match r.uint64() {
+            Some(v) if fits(i128::from(v)) => continue,
+            Some(v) => return Err(bad(format!("`{name}[{i}]` must be {what}, got {v}"))),
+            None => {}
+        }
         match r.read().map_err(undecodable)? {
             Value::Int(t) if fits(t) => {}
             Value::Int(t) => return Err(bad(format!("`{name}[{i}]` must be {what}, got {t}"))),

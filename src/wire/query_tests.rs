@@ -181,6 +181,8 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
         assert_eq!(keys, vec![u64::MAX, 7]);
         let err = |pairs: &[(&str, rmpv::Value)]| decode(op, pairs).unwrap_err();
         assert_eq!(err(&[("tokens", ints(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
+        assert_eq!(err(&[("tokens", ints(&[1 << 32]))]).1, "`tokens[0]` must be a token id in 0..2^32, got 4294967296");
+        assert_eq!(err(&[("block_keys", ints(&[-3]))]).1, "`block_keys[0]` must be an unsigned 64-bit key, got -3");
         assert_eq!(err(&[("tokens", "abc".into())]).1, "`tokens` must be an array, got a string");
         assert_eq!(err(&[("tokens", ints(&[1])), ("salt", 5.into())]).1, "`salt` must be a string, got an integer");
         assert_eq!(

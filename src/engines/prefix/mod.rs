@@ -25,21 +25,27 @@ use self::blocks::RankBlocks;
 use self::holders::Holders;
 use super::kv::{KvEvent, Medium, Stored};
 
-/// What one batch did to a rank's index, by event outcome.
+/// What one batch did to a rank's index: events by outcome, and blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
-    /// Blocks indexed.
+    /// `BlockStored` events indexed.
     pub stored: u64,
-    /// Blocks removed.
+    /// `BlockRemoved` events whose every hash was held (and is gone now).
     pub removed: u64,
     /// `AllBlocksCleared` events.
     pub cleared: u64,
     /// `BlockStored` events whose parent the rank's index does not hold.
     pub unknown_parent: u64,
-    /// Removed hashes the rank's index does not hold.
+    /// `BlockRemoved` events naming a hash not held (the held ones still go).
     pub unknown_block: u64,
-    /// `BlockStored` events with a wrong token count or block size.
+    /// `BlockStored` events with a wrong token count or block size, or that
+    /// cannot be keyed (token pairs).
     pub bad_event: u64,
+    /// Events of a KV cache group other than the first.
+    pub other_group: u64,
+    /// Blocks indexed and removed (by events, not the cap).
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
     /// Blocks dropped by the per-rank cap, oldest first.
     pub evicted: u64,
 }
@@ -107,22 +113,26 @@ impl PrefixIndex {
             match ev {
                 KvEvent::Stored(st) => self.store(rank, st, &mut a),
                 KvEvent::Removed { hashes, medium } => {
+                    let mut unknown = false;
                     for &h in hashes {
                         match self.ranks[rank as usize].remove(*medium, h) {
                             Some(key) => {
-                                a.removed += 1;
+                                a.blocks_removed += 1;
                                 if *medium == Medium::Gpu {
                                     self.holders.unset(key, rank);
                                 }
                             }
-                            None => a.unknown_block += 1,
+                            None => unknown = true,
                         }
                     }
+                    *if unknown { &mut a.unknown_block } else { &mut a.removed } += 1;
                 }
                 KvEvent::Cleared => {
                     self.clear(rank);
                     a.cleared += 1;
                 }
+                KvEvent::Unindexable(_) => a.bad_event += 1,
+                KvEvent::OtherGroup => a.other_group += 1,
             }
         }
         a.evicted = self.enforce_cap(rank);
@@ -156,8 +166,9 @@ impl PrefixIndex {
                 }
                 self.holders.set(key, rank);
             }
-            a.stored += 1;
+            a.blocks_stored += 1;
         }
+        a.stored += 1;
     }
 
     /// Empties rank `rank`'s index (every medium).

@@ -41,7 +41,7 @@ fn stores_chain_across_events_and_leading_counts_each_rank() {
     let mut ix = PrefixIndex::new(3, 1000);
     // Rank 0 holds three blocks (in two events: the second continues the first).
     let a = ix.apply(0, &[stored(&[10, 11], None, &[1, 2, 3, 4]), stored(&[12], Some(11), &[5, 6])]);
-    assert_eq!(a, Applied { stored: 3, ..Applied::default() });
+    assert_eq!(a, Applied { stored: 2, blocks_stored: 3, ..Applied::default() });
     // Rank 2 holds the first block only, under its own engine hashes.
     ix.apply(2, &[stored(&[90], None, &[1, 2])]);
     assert_eq!(leading(&ix, &PROMPT), vec![3, 0, 1], "the partial block 7 has no key");
@@ -55,12 +55,15 @@ fn removals_clears_and_bad_events() {
     let mut ix = PrefixIndex::new(2, 1000);
     ix.apply(0, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
     ix.apply(1, &[stored(&[20, 21, 22], None, &[1, 2, 3, 4, 5, 6])]);
-    // vLLM evicts a chain from its tail.
+    // vLLM evicts a chain from its tail; an event naming an unknown hash
+    // counts as unknown_block, and the known ones still go.
     let a = ix.apply(0, &[removed(&[12, 99])]);
-    assert_eq!((a.removed, a.unknown_block), (1, 1));
+    assert_eq!((a.removed, a.unknown_block, a.blocks_removed), (0, 1, 1));
+    let a = ix.apply(0, &[removed(&[12])]);
+    assert_eq!((a.removed, a.unknown_block), (0, 1), "already gone");
     assert_eq!(leading(&ix, &PROMPT), vec![2, 3]);
     // A middle block gone: the leading match stops there.
-    ix.apply(1, &[removed(&[21])]);
+    assert_eq!(ix.apply(1, &[removed(&[21])]).removed, 1);
     assert_eq!(leading(&ix, &PROMPT), vec![2, 1]);
     // Unknown parent: dropped, nothing indexed.
     let a = ix.apply(1, &[stored(&[30], Some(77), &[9, 9])]);
@@ -70,8 +73,8 @@ fn removals_clears_and_bad_events() {
     let other_size = KvEvent::Stored(Stored { block_size: 4, ..stored_event(&[32], &[1, 2, 3, 4]) });
     let b = ix.apply(1, &[other_size]);
     assert_eq!((a.bad_event, b.bad_event), (1, 1));
-    let a = ix.apply(0, &[KvEvent::Cleared]);
-    assert_eq!(a.cleared, 1);
+    let a = ix.apply(0, &[KvEvent::Cleared, KvEvent::Unindexable("pairs"), KvEvent::OtherGroup]);
+    assert_eq!((a.cleared, a.bad_event, a.other_group), (1, 1, 1));
     assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![0, 1], 0));
     // Rank 1's blocks 20 and 22 remain; 22 no longer leads anywhere.
     assert_eq!(ix.distinct_keys(), 2);
