@@ -318,3 +318,33 @@ def test_async_client_takes_a_prompt(cache_aware):
     with RouterClient(d.route, d.health, timeout_ms=5000) as c:
         _, matched = prefix(c, tokens=tokens, salt="s")
     assert matched == [4 if x in (r, r2) else 0 for x in range(4)]
+
+
+def test_a_prompt_in_fallback(tmp_path):
+    """No dpcoord answers: keys are computed in 16s without waiting on the down
+    endpoint twice, the route answers locally, and the prompt checks still hold."""
+    c = RouterClient(f"ipc://{tmp_path}/nobody", timeout_ms=200, dp_size=2)
+    waited = []
+    real = c._io_exchange
+
+    def exchange(ep, payload):
+        waited.append(ep.address)
+        return real(ep, payload)
+
+    c._io_exchange = exchange
+    try:
+        assert c.route(tokens=list(range(40)), salt="s", send="keys") == [0]
+        assert c.route(tokens=list(range(40)), send="keys") == [1]
+        assert c.route(block_keys=[1, 2], n=2) == [0, 1]
+        assert c.last_source == "fallback" and c.fallbacks == 3
+        # One wait in all: the first state query found no answer and marked the
+        # endpoint down; calls after it do not wait on it (a probe stays in flight).
+        assert waited == [f"ipc://{tmp_path}/nobody"]
+        assert c.block_keys(list(range(40)), salt="s") == block_keys(list(range(40)), 16, None, "s")
+        with pytest.raises(BadRequestError, match="not both"):
+            c.route(tokens=[1], block_keys=[1])
+        with pytest.raises(TooLargeError):
+            c.route(tokens=[0] * 262_145, send="keys")
+        assert c.fallbacks == 3
+    finally:
+        c.close()
