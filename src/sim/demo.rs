@@ -17,6 +17,8 @@ use crate::sim::link::{Link, ProbeVia};
 use crate::sim::local::{DaemonSettings, Local};
 use crate::sim::model::DEFAULT_COST;
 use crate::sim::net::NetError;
+use crate::sim::prefix_cache::CacheSpec;
+use crate::sim::prompts::Workload;
 use crate::sim::record::{std_dev, Live, Recorder};
 use crate::sim::report::thousands;
 use crate::sim::workload::{Lengths, Load};
@@ -34,14 +36,25 @@ pub struct DemoArgs {
     /// How long to run, in seconds (Ctrl-C stops earlier).
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub seconds: u64,
+    /// `routing.policy`; `cache_aware` runs a shared-prefix workload (48 tenants, 3k-token
+    /// system prompts) with prefix caches and KV events, and shows each rank's cache hit rate.
+    #[arg(long, value_name = "NAME", default_value = "round_robin")]
+    pub policy: String,
 }
 
 /// The simulated cluster: endless closed-loop traffic at wall-clock speed.
-fn workload() -> ArmSpec {
+fn workload(policy: &str) -> ArmSpec {
+    let cache_aware = policy == "cache_aware";
+    let shared = Workload::Shared { tenants: 48, prefix: 3072, question: 640, output: 32 };
     ArmSpec {
         name: "demo".into(),
         ranks: RANKS,
-        engine: EngineSpec { chunk: 8192, max_running: 256, cost: DEFAULT_COST, cache: None },
+        engine: EngineSpec {
+            chunk: 8192,
+            max_running: 256,
+            cost: DEFAULT_COST,
+            cache: cache_aware.then_some(CacheSpec { block: 16, capacity: 4096 }),
+        },
         lockstep: false,
         slow: None,
         kill: None,
@@ -57,14 +70,14 @@ fn workload() -> ArmSpec {
         sample_every: 1_000_000,
         handoff: Handoff::default(),
         horizon: u64::MAX,
-        prompts_of: Prompts::default(),
+        prompts_of: Prompts { workload: cache_aware.then_some(shared), on_wire: cache_aware, oracle: None },
     }
 }
 
 /// What the demo runs, printed once above the live table.
-pub fn intro(metrics: SocketAddr) -> String {
+pub fn intro(metrics: SocketAddr, policy: &str) -> String {
     format!(
-        "dpcoord demo: {RANKS} simulated engines publish stats to an in-process dpcoord (round_robin);\n\
+        "dpcoord demo: {RANKS} simulated engines publish stats to an in-process dpcoord ({policy});\n\
          {FRONTENDS} frontends route every request through it; a prober uses the health channel.\n\
          metrics: http://{metrics}/metrics (also /state, /healthz, /readyz). Ctrl-C stops early.\n"
     )
@@ -82,12 +95,21 @@ pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration)
         total.as_secs(),
         view.epoch
     );
+    let cache = live.prompt.iter().any(|p| p.load(Ordering::Relaxed) > 0);
+    if cache {
+        out.insert_str(out.len() - 1, "   hit %");
+    }
     for r in &view.ranks {
         let probes = live.probes.get(r.rank as usize).map_or(0, |p| p.load(Ordering::Relaxed));
         out.push_str(&format!(
-            "{:>4}  {:<6}  {:>10}  {:>7}  {:>7}  {:>7}  {:>7.2}  {:>6}\n",
+            "{:>4}  {:<6}  {:>10}  {:>7}  {:>7}  {:>7}  {:>7.2}  {:>6}",
             r.rank, r.status, r.routed, r.counts.waiting, r.counts.running, r.pending, r.penalty, probes
         ));
+        match live.hit_rate(r.rank as usize) {
+            Some(h) if cache => out.push_str(&format!("  {:>6.1}\n", h * 100.0)),
+            _ if cache => out.push_str("       -\n"),
+            _ => out.push('\n'),
+        }
     }
     let routed: Vec<u64> = view.ranks.iter().map(|r| r.routed).collect();
     let secs = live.now_us.load(Ordering::Relaxed) as f64 / 1e6;
@@ -102,12 +124,12 @@ pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration)
 }
 
 /// The closing summary.
-pub fn summary(rec: &Recorder, secs: f64, metrics: SocketAddr) -> String {
+pub fn summary(rec: &Recorder, secs: f64, metrics: SocketAddr, policy: &str) -> String {
     let done: Vec<_> = rec.requests.iter().filter(|r| r.done.is_some()).collect();
     let tokens: u64 = done.iter().map(|r| u64::from(r.prompt)).sum();
     let per_rank = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
     format!(
-        "summary after {secs:.1} s ({RANKS} simulated ranks, {FRONTENDS} frontends, round_robin):\n\
+        "summary after {secs:.1} s ({RANKS} simulated ranks, {FRONTENDS} frontends, {policy}):\n\
          \x20 user placements per rank: {}  (std {:.2})\n\
          \x20 completed requests:       {} ({} in flight at stop)\n\
          \x20 input tokens/s:           {}\n\
@@ -168,10 +190,14 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let listener = metrics_listener()?;
     let addr = listener.local_addr()?;
-    let settings = DaemonSettings { metrics_bind: addr.to_string(), ..DaemonSettings::defaults(RANKS, "round_robin") };
+    let settings = DaemonSettings {
+        metrics_bind: addr.to_string(),
+        kv_events: args.policy == "cache_aware",
+        ..DaemonSettings::defaults(RANKS, &args.policy)
+    };
     let local = Local::start(&settings, "demo")?;
     let web = http::spawn(rt.handle(), listener, local.registry.clone(), Arc::clone(&local.published));
-    let spec = workload();
+    let spec = workload(&args.policy);
     let mut link = Link::open(&local.eps, FRONTENDS, ProbeVia::Health, RANKS, false)?;
     let (stop, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Live::new(RANKS)));
     let world = {
@@ -181,7 +207,7 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
             .spawn(move || world::run(&spec, &mut link, &stop, Some(&live)))?
     };
     let total = Duration::from_secs(args.seconds);
-    println!("{}", intro(addr));
+    println!("{}", intro(addr, &args.policy));
     let watched = rt.block_on(watch(&local, &live, &world, total));
     stop.store(true, Ordering::Relaxed);
     let rec = match world.join() {
@@ -190,7 +216,7 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
     };
     watched?;
     let secs = live.now_us.load(Ordering::Relaxed) as f64 / 1e6;
-    println!("\n{}", summary(&rec, secs, addr));
+    println!("\n{}", summary(&rec, secs, addr, &args.policy));
     if let Err(e) = rt.block_on(web.stop()) {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }
@@ -232,7 +258,7 @@ mod tests {
         rec.placements = vec![1, 1, 1, 0, 0, 0, 0, 0];
         rec.probes = vec![2, 1, 1, 1, 1, 1, 1, 1];
         let addr = SocketAddr::from(([127, 0, 0, 1], 9570));
-        let text = summary(&rec, 4.0, addr);
+        let text = summary(&rec, 4.0, addr, "round_robin");
         let want = "summary after 4.0 s (8 simulated ranks, 2 frontends, round_robin):\n\
             \x20 user placements per rank: 1 1 1 0 0 0 0 0  (std 0.48)\n\
             \x20 completed requests:       2 (1 in flight at stop)\n\

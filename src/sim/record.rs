@@ -57,11 +57,22 @@ pub struct Live {
     /// Virtual time of the run, in microseconds.
     pub now_us: AtomicU64,
     pub probes: Vec<AtomicU64>,
+    /// Per rank, prompt tokens batched and of them found in the prefix cache.
+    pub prompt: Vec<AtomicU64>,
+    pub cached: Vec<AtomicU64>,
 }
 
 impl Live {
     pub fn new(ranks: u32) -> Live {
-        Live { probes: (0..ranks).map(|_| AtomicU64::new(0)).collect(), ..Live::default() }
+        let zeros = || (0..ranks).map(|_| AtomicU64::new(0)).collect();
+        Live { probes: zeros(), prompt: zeros(), cached: zeros(), ..Live::default() }
+    }
+
+    /// Rank `rank`'s prefix-cache hit rate so far, if it batched any prompt.
+    pub fn hit_rate(&self, rank: usize) -> Option<f64> {
+        let prompt = self.prompt.get(rank)?.load(Ordering::Relaxed);
+        let cached = self.cached.get(rank)?.load(Ordering::Relaxed);
+        (prompt > 0).then(|| cached as f64 / prompt as f64)
     }
 }
 

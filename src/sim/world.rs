@@ -393,6 +393,10 @@ impl World<'_> {
         for i in 0..self.cluster.group_ranks(g).len() {
             let rank = self.cluster.group_ranks(g)[i];
             let e = &mut self.cluster.engines[rank as usize];
+            if let Some(live) = self.live {
+                live.prompt[rank as usize].store(e.hits[0], Ordering::Relaxed);
+                live.cached[rank as usize].store(e.hits[1], Ordering::Relaxed);
+            }
             let events = e.take_events();
             self.link.publish_kv(rank, &events, e.block_size().unwrap_or(16), self.now)?;
             self.link.publish(rank, &self.cluster.engines[rank as usize])?;
