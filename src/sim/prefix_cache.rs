@@ -96,14 +96,20 @@ impl PrefixCache {
         let b = self.spec.block as usize;
         let mut run: Option<(usize, usize)> = None;
         for i in from..to {
-            if self.blocks.contains_key(&hashes[i]) {
-                self.reference(hashes[i]);
-                if let Some((s, e)) = run.take() {
-                    self.stored(hashes, tokens, s, e, b);
+            match self.blocks.get_mut(&hashes[i]) {
+                Some(entry) => {
+                    if entry.refs == 0 {
+                        self.lru.remove(&entry.tick);
+                    }
+                    entry.refs += 1;
+                    if let Some((s, e)) = run.take() {
+                        self.stored(hashes, tokens, s, e, b);
+                    }
                 }
-            } else {
-                self.blocks.insert(hashes[i], Entry { refs: 1, tick: 0 });
-                run = Some(run.map_or((i, i + 1), |(s, _)| (s, i + 1)));
+                None => {
+                    self.blocks.insert(hashes[i], Entry { refs: 1, tick: 0 });
+                    run = Some(run.map_or((i, i + 1), |(s, _)| (s, i + 1)));
+                }
             }
         }
         if let Some((s, e)) = run {

@@ -117,7 +117,7 @@ impl Source {
     }
 
     /// The next request's tokens.
-    pub fn next(&mut self) -> Arc<Prompt> {
+    pub fn next_prompt(&mut self) -> Arc<Prompt> {
         let mut t = Vec::new();
         let p = match self.workload {
             Workload::Shared { tenants, prefix, question, output } => {
@@ -169,24 +169,24 @@ mod tests {
     fn tenants_share_prefixes_and_hashes_and_streams_repeat() {
         let w = Workload::Shared { tenants: 1, prefix: 32, question: 8, output: 4 };
         let (mut a, mut b) = (Source::new(w, 16, 7, 0), Source::new(w, 16, 7, 1));
-        let (x, y) = (a.next(), b.next());
+        let (x, y) = (a.next_prompt(), b.next_prompt());
         assert_eq!((x.prompt_len, x.output_len(), x.hashes.len()), (40, 4, 2));
         assert_eq!(x.hashes, y.hashes, "two whole prefix blocks, the same tenant");
         assert_ne!(x.tokens, y.tokens);
-        assert_eq!(Source::new(w, 16, 7, 0).next(), x);
+        assert_eq!(Source::new(w, 16, 7, 0).next_prompt(), x);
     }
 
     #[test]
     fn a_chat_turn_extends_the_last_prompt_and_answer() {
         let w = Workload::Chat { turns: 2, first: 20, user: 5, answer: 3 };
         let mut s = Source::new(w, 4, 1, 0);
-        let t0 = s.next();
+        let t0 = s.next_prompt();
         s.completed(&t0);
-        let t1 = s.next();
+        let t1 = s.next_prompt();
         assert_eq!((t1.prompt_len, t1.turn), (28, Some((0, 1))));
         assert_eq!(&t1.tokens[..23], &t0.tokens[..]);
         assert_eq!(&t1.hashes[..5], &t0.hashes[..5]);
         s.completed(&t1);
-        assert_eq!(s.next().turn, Some((1, 0)), "two turns done: a new conversation");
+        assert_eq!(s.next_prompt().turn, Some((1, 0)), "two turns done: a new conversation");
     }
 }

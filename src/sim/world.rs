@@ -281,7 +281,7 @@ impl World<'_> {
     /// Frontend `f` sends its next request, if it has one.
     fn issue(&mut self, f: u32) -> Result<(), NetError> {
         let Some((mut prompt, mut output)) = self.frontends[f as usize].next_request() else { return Ok(()) };
-        let content = self.sources.get_mut(f as usize).map(Source::next);
+        let content = self.sources.get_mut(f as usize).map(Source::next_prompt);
         if let Some(c) = &content {
             (prompt, output) = (c.prompt_len, c.output_len());
         }
