@@ -95,7 +95,7 @@ pub enum Scenario {
     /// (approximate, events) and an oracle on shared-prefix, chat and no-sharing
     /// workloads, at 1 and 4 frontends (`--sweep`: the cache_aware weights).
     Prefix,
-    /// Each of the above in turn.
+    /// Each of the above in turn, except prefix (a run of its own: 30 arms).
     All,
 }
 

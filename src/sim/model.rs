@@ -97,7 +97,8 @@ pub struct SimEngine {
     /// Mean time to first token in ms, smoothed over recent jobs.
     ttft_ms: Option<f64>,
     cache: Option<PrefixCache>,
-    /// `[prompt tokens, of them found cached]` over every job admitted to the batch.
+    /// `[prompt tokens, of them found cached]` over every job with tokens admitted to the batch
+    /// (both 0 without a prefix cache).
     pub hits: [u64; 2],
 }
 
@@ -147,8 +148,8 @@ impl SimEngine {
     /// does): the prefix found is not computed again, though at least the
     /// last prompt token is.
     fn look_up(&mut self, job: &mut Job) {
-        self.hits[0] += u64::from(job.prompt);
         let (Some(c), Some(p)) = (self.cache.as_mut(), job.content.as_ref()) else { return };
+        self.hits[0] += u64::from(job.prompt);
         let n = c.acquire(&p.hashes[..p.prompt_blocks(c.spec.block)]);
         job.held = n;
         job.prefilled = (n as u32 * c.spec.block).min(job.prompt - 1);

@@ -203,7 +203,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
     let outcome = match s {
         Scenario::All => {
             let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
-            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending, Scenario::Prefix]) {
+            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending]) {
                 run(one, a, emit)?;
             }
             return Ok(());
