@@ -7,7 +7,7 @@
 //! dispatchers.
 
 use super::msgpack::{Reader, Value};
-use super::prompt::{decode_prompt, Prompt, PromptFields};
+use super::prompt::{decode_prompt, scan_array, ArrayKind, Prompt, PromptFields};
 use super::{ErrorCode, Id, WireError};
 use crate::config::keys::DP_SIZE;
 use crate::engines::Target;
@@ -142,12 +142,24 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
         };
         let start = r.position();
         let value = r.read().map_err(undecodable)?;
-        r.skip_rest(value).map_err(undecodable)?;
-        let raw = (value != Value::Nil).then(|| &bytes[start..r.position()]);
-        match key {
-            "tokens" => f.prompt.tokens = raw,
-            "block_keys" => f.prompt.block_keys = raw,
-            _ => {}
+        // A prompt's arrays are checked while they are skipped: one pass.
+        let kind = match key {
+            "tokens" => Some(ArrayKind::Tokens),
+            "block_keys" => Some(ArrayKind::Keys),
+            _ => None,
+        };
+        let scanned = match kind {
+            Some(kind) if value != Value::Nil => Some(scan_array(&mut r, value, kind).map_err(undecodable)?),
+            _ => {
+                r.skip_rest(value).map_err(undecodable)?;
+                None
+            }
+        };
+        if let Some(scanned) = scanned {
+            let raw = &bytes[start..r.position()];
+            let slot = if kind == Some(ArrayKind::Tokens) { &mut f.prompt.tokens } else { &mut f.prompt.block_keys };
+            *slot = Some(scanned.map(|count| (raw, count)));
+            continue;
         }
         let slot = match key {
             "v" => &mut f.v,

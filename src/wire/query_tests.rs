@@ -179,6 +179,36 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
         let mut keys = Vec::new();
         k.keys_into(&mut keys);
         assert_eq!(keys, vec![u64::MAX, 7]);
+        // Non-negative ints in signed encodings are ids and keys too.
+        let signed = {
+            let mut b = Vec::new();
+            rmp::encode::write_map_len(&mut b, 3).unwrap();
+            for (k, v) in [("v", 1i64), ("op", -1)] {
+                rmp::encode::write_str(&mut b, k).unwrap();
+                match v {
+                    1 => rmp::encode::write_uint(&mut b, 1).map(|_| ()).unwrap(),
+                    _ => rmp::encode::write_str(&mut b, op).unwrap(),
+                }
+            }
+            rmp::encode::write_str(&mut b, "tokens").unwrap();
+            rmp::encode::write_array_len(&mut b, 3).unwrap();
+            rmp::encode::write_i8(&mut b, 5).unwrap();
+            rmp::encode::write_i32(&mut b, 70_000).unwrap();
+            rmp::encode::write_u64(&mut b, 9).unwrap();
+            Vec::leak(b) as &'static [u8]
+        };
+        let p = match op {
+            "route" => match decode_route_query(signed, &lim).unwrap().op {
+                RouteOp::Route(r) => r.prompt.unwrap(),
+                _ => unreachable!(),
+            },
+            _ => match decode_health_query(signed, &lim).unwrap().op {
+                HealthOp::Prefix(p) => p,
+                _ => unreachable!(),
+            },
+        };
+        p.tokens_into(&mut got);
+        assert_eq!(got, vec![5, 70_000, 9]);
         let err = |pairs: &[(&str, rmpv::Value)]| decode(op, pairs).unwrap_err();
         assert_eq!(err(&[("tokens", ints(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
         assert_eq!(err(&[("tokens", ints(&[1 << 32]))]).1, "`tokens[0]` must be a token id in 0..2^32, got 4294967296");
