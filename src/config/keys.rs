@@ -203,7 +203,7 @@ pub const SESSION_MAX_LOAD_RATIO: FloatKey =
     FloatKey { key: Key::new(ROUTING, "session_max_load_ratio"), default: 2.0, min: 1.0, max: BIG };
 pub const SEED: IntKey = IntKey { key: Key::new(ROUTING, "seed"), default: 0, min: 0, max: i64::MAX as u64 };
 pub const CACHE_PREFILL_WEIGHT: FloatKey =
-    FloatKey { key: Key::new(ROUTING, "cache_prefill_weight"), default: 1.0, min: 0.0, max: BIG };
+    FloatKey { key: Key::new(ROUTING, "cache_prefill_weight"), default: 4.0, min: 0.0, max: BIG };
 pub const CACHE_BALANCE_ABS_TOKENS: IntKey =
     IntKey { key: Key::new(ROUTING, "cache_balance_abs_tokens"), default: 32_768, min: 0, max: 1 << 32 };
 pub const CACHE_BALANCE_REL: FloatKey =
