@@ -8,9 +8,10 @@
 //! at once through a file_sd target list (the target's `scenario` label names
 //! it); each scenario provokes one alert with simulated engines and
 //! frontends, waits until exactly that alert fires with the expected labels,
-//! recovers, and waits until it resolves. Two scenarios are normal life that
-//! must fire nothing: 16 ranks joining 1.5 s apart after a start with no
-//! engine, and a single refused query. Before any target exists,
+//! recovers, and waits until it resolves. Three scenarios are normal life
+//! that must fire nothing: 16 ranks joining 1.5 s apart after a start with
+//! no engine, a single refused query, and ranks publishing KV events that
+//! go idle (no placements, no events). Before any target exists,
 //! `DpcoordAbsent` fires; a target removed from discovery takes its
 //! range-window alerts with it at once. A monitor records every alert that
 //! ever fires, and at the end the record must be exactly the expected set.
@@ -31,6 +32,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rmpv::Value as M;
 use serde_json::{json, Value};
 
 /// Every `for:` of the rules is divided by this in the test: 1m -> 3s,
@@ -367,6 +369,74 @@ impl Drop for Frontend {
     }
 }
 
+/// An engine side's KV-cache events (docs/PROTOCOL.md §11a) in vLLM's
+/// format, from a thread: one PUB the test binds for all ranks (each batch
+/// names its `dp_rank`), sending every 100 ms, for each rank that is on, a
+/// batch that stores one new block, as an engine serving requests does. An
+/// idle engine stores nothing, so it publishes nothing.
+struct KvEvents {
+    on: Arc<Mutex<BTreeSet<u32>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KvEvents {
+    /// Binds the PUB on a free loopback port; returns it and its endpoint.
+    fn bind(zmq: &zmq::Context) -> (KvEvents, String) {
+        let publisher = zmq.socket(zmq::PUB).unwrap();
+        publisher.set_linger(0).unwrap();
+        let endpoint = loop {
+            let e = format!("tcp://127.0.0.1:{}", free_port());
+            if publisher.bind(&e).is_ok() {
+                break e;
+            }
+        };
+        let on = Arc::new(Mutex::new(BTreeSet::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (o, s) = (on.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let (mut seq, mut block) = (0u64, 0u64);
+            while !s.load(Ordering::Relaxed) {
+                let ranks: Vec<u32> = o.lock().unwrap().iter().copied().collect();
+                for rank in ranks {
+                    block += 1;
+                    let stored = M::Map(vec![
+                        ("type".into(), "BlockStored".into()),
+                        ("block_hashes".into(), M::Array(vec![M::from(block)])),
+                        ("parent_block_hash".into(), M::Nil),
+                        ("token_ids".into(), M::Array(vec![M::from(block), M::from(rank)])),
+                        ("block_size".into(), M::from(2)),
+                        ("lora_id".into(), M::Nil),
+                        ("medium".into(), "GPU".into()),
+                    ]);
+                    let ts = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_secs_f64();
+                    let batch = msgpack(&M::Array(vec![M::F64(ts), M::Array(vec![stored]), M::from(rank)]));
+                    publisher.send_multipart([&b""[..], &seq.to_be_bytes(), &batch], 0).unwrap();
+                    seq += 1;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        (KvEvents { on, stop, thread: Some(thread) }, endpoint)
+    }
+
+    fn publish(&self, rank: u32, on: bool) {
+        let mut ranks = self.on.lock().unwrap();
+        if on {
+            ranks.insert(rank);
+        } else {
+            ranks.remove(&rank);
+        }
+    }
+}
+
+impl Drop for KvEvents {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
 // -- the test's shared state --------------------------------------------------------------
 
 struct Ctx {
@@ -378,6 +448,8 @@ struct Ctx {
     targets: Mutex<BTreeMap<&'static str, SocketAddr>>,
     /// Processes to keep until the end (a restarted dpcoord).
     keep: Mutex<Vec<Spawned>>,
+    /// The KV-event publishers of the scenarios with `kv`.
+    kv: BTreeMap<&'static str, KvEvents>,
     /// Set when any scenario fails, so the others stop waiting.
     failed: AtomicBool,
 }
@@ -476,6 +548,16 @@ impl Ctx {
         r[0]["value"][1].as_str().unwrap().parse().unwrap()
     }
 
+    /// Waits until Prometheus has scraped KV events of each of `ranks`.
+    fn await_kv_events(&self, scenario: &str, ranks: &[u32]) {
+        for r in ranks {
+            let q = format!("sum(dpcoord_kv_events_total{{scenario=\"{scenario}\", dp_rank=\"{r}\"}}) > 0");
+            self.until(&format!("KV events of rank {r} scraped"), Duration::from_secs(30), || {
+                (!self.prom.query(&q).is_empty()).then_some(())
+            });
+        }
+    }
+
     fn remove_target(&self, scenario: &str) {
         let mut targets = self.targets.lock().unwrap();
         targets.remove(scenario);
@@ -504,6 +586,8 @@ struct Scenario {
     name: &'static str,
     dp: u32,
     live: &'static [u32],
+    /// dpcoord subscribes to the scenario's [`KvEvents`] (`--kv-events-connect`).
+    kv: bool,
     run: fn(&Ctx, &Scenario, &Daemon, &Engines),
     /// (alertname, severity, extra labels) of every alert it must fire.
     fires: &'static [Expected],
@@ -690,6 +774,68 @@ fn rejected(ctx: &Ctx, sc: &Scenario, _: &Daemon, e: &Engines) {
     ctx.await_resolved(sc.name, MIN);
 }
 
+/// Ranks 0 and 1 serve user traffic and publish KV events; rank 1's events
+/// stop while its stats and placements go on (its publisher moved), then
+/// come back.
+fn kv_stopped(ctx: &Ctx, sc: &Scenario, d: &Daemon, _: &Engines) {
+    ctx.await_scraped(sc.name);
+    let kv = &ctx.kv[sc.name];
+    let _fe = Frontend::start(d, Duration::from_millis(50), Traffic { route: true, ..Traffic::default() });
+    kv.publish(0, true);
+    kv.publish(1, true);
+    ctx.await_kv_events(sc.name, &[0, 1]);
+    kv.publish(1, false);
+    let stopped = Instant::now();
+    ctx.log(sc.name, "rank 1's KV events stopped; its stats and placements go on");
+    let want = ctx.labels(sc.name, "DpcoordRankKvEventsStopped", "warning", &[("dp_rank", "1")]);
+    ctx.await_firing(sc.name, &want, 3 * MIN);
+    let took = stopped.elapsed();
+    ctx.log(sc.name, &format!("firing {:.1} s after rank 1's events stopped", took.as_secs_f64()));
+    assert!(took > 2 * MIN, "fired {took:?} after the events stopped, before its 2-minute window emptied");
+    kv.publish(1, true);
+    ctx.await_resolved(sc.name, Duration::from_secs(30));
+}
+
+/// Normal life with KV events: ranks 0 and 1 serve traffic and publish,
+/// then the traffic ends and, as idle engines do, they publish nothing more
+/// while their stats go on. Nothing may fire, also well after the rule's
+/// 2-minute window has emptied of events. Meanwhile the dpcoords without
+/// kv_events under traffic meet the rule's placement and no-event parts:
+/// only "has had KV events" keeps them quiet.
+fn kv_idle(ctx: &Ctx, sc: &Scenario, d: &Daemon, _: &Engines) {
+    ctx.await_scraped(sc.name);
+    let kv = &ctx.kv[sc.name];
+    let fe = Frontend::start(d, Duration::from_millis(50), Traffic { route: true, ..Traffic::default() });
+    kv.publish(0, true);
+    kv.publish(1, true);
+    ctx.await_kv_events(sc.name, &[0, 1]);
+    sleep(5.0);
+    let without_kv =
+        "sum without (class) (increase(dpcoord_routed_total{class=\"user\", scenario!~\"kv_.*\"}[2m])) >= 10 \
+         and sum without (result) (increase(dpcoord_kv_events_total[2m])) == 0 and dpcoord_engine_up == 1";
+    let busy = ctx.until("a dpcoord without kv_events under traffic", MIN, || {
+        let r = ctx.prom.query(without_kv);
+        (!r.is_empty()).then_some(r)
+    });
+    let names: BTreeSet<&str> = busy.iter().map(|s| s["metric"]["scenario"].as_str().unwrap()).collect();
+    ctx.log(
+        sc.name,
+        &format!("ranks with placements and no KV events, without kv_events: {} in {names:?}", busy.len()),
+    );
+    drop(fe);
+    kv.publish(0, false);
+    kv.publish(1, false);
+    let idle = Instant::now();
+    ctx.log(sc.name, "idle: no placements, no KV events, stats go on");
+    // The window empties after 2 minutes, the scaled `for:` is 15 s.
+    ctx.until("150 s of idleness", 3 * MIN, || (idle.elapsed() > Duration::from_secs(150)).then_some(()));
+    let sel = format!("scenario=\"{}\"", sc.name);
+    assert_eq!(ctx.value(&format!("sum(increase(dpcoord_kv_events_total{{{sel}}}[2m]))")), 0.0);
+    assert!(ctx.value(&format!("min(sum without (result) (dpcoord_kv_events_total{{{sel}}}))")) > 0.0);
+    assert_eq!(ctx.value(&format!("min(dpcoord_engine_up{{{sel}}})")), 1.0);
+    assert_eq!(ctx.firing(sc.name), BTreeSet::new());
+}
+
 /// Normal life: a dpcoord that has heard from no engine for 5 s, then 16
 /// ranks joining 1.5 s apart, then traffic. Nothing may fire. (Traffic
 /// during the ramp would skew the first minute's placements towards the
@@ -734,11 +880,12 @@ fn one_refusal(ctx: &Ctx, sc: &Scenario, d: &Daemon, e: &Engines) {
 }
 
 const SCENARIOS: &[Scenario] = &[
-    Scenario { name: "down", dp: 2, live: &[0, 1], run: down, fires: &[("DpcoordDown", "critical", &[])] },
+    Scenario { name: "down", dp: 2, live: &[0, 1], kv: false, run: down, fires: &[("DpcoordDown", "critical", &[])] },
     Scenario {
         name: "rank_down",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: rank_down,
         fires: &[("DpcoordRankDown", "critical", &[("dp_rank", "2")])],
     },
@@ -746,6 +893,7 @@ const SCENARIOS: &[Scenario] = &[
         name: "never",
         dp: 4,
         live: &[0, 1, 2],
+        kv: false,
         run: never,
         fires: &[("DpcoordRankNeverReported", "warning", &[("dp_rank", "3")])],
     },
@@ -753,6 +901,7 @@ const SCENARIOS: &[Scenario] = &[
         name: "stale",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: stale,
         fires: &[("DpcoordRankStatsStale", "warning", &[("dp_rank", "1")])],
     },
@@ -760,6 +909,7 @@ const SCENARIOS: &[Scenario] = &[
         name: "flapping",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: flapping,
         fires: &[("DpcoordRankFlapping", "warning", &[("dp_rank", "1")])],
     },
@@ -767,6 +917,7 @@ const SCENARIOS: &[Scenario] = &[
         name: "failing",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: failing,
         fires: &[("DpcoordRankFailing", "critical", &[("dp_rank", "2")])],
     },
@@ -774,15 +925,31 @@ const SCENARIOS: &[Scenario] = &[
         name: "vanish",
         dp: 2,
         live: &[0, 1],
+        kv: false,
         run: vanish,
         fires: &[("DpcoordRankFailing", "critical", &[("dp_rank", "0")])],
     },
-    Scenario { name: "skew", dp: 4, live: ALL4, run: skew, fires: &[("DpcoordUserDispatchSkew", "warning", &[])] },
-    Scenario { name: "refusals", dp: 4, live: ALL4, run: refusals, fires: &[("DpcoordRouteErrors", "warning", &[])] },
+    Scenario {
+        name: "skew",
+        dp: 4,
+        live: ALL4,
+        kv: false,
+        run: skew,
+        fires: &[("DpcoordUserDispatchSkew", "warning", &[])],
+    },
+    Scenario {
+        name: "refusals",
+        dp: 4,
+        live: ALL4,
+        kv: false,
+        run: refusals,
+        fires: &[("DpcoordRouteErrors", "warning", &[])],
+    },
     Scenario {
         name: "no_engine",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: no_engine,
         fires: &[("DpcoordNoEngineAvailable", "critical", &[])],
     },
@@ -790,11 +957,21 @@ const SCENARIOS: &[Scenario] = &[
         name: "rejected",
         dp: 4,
         live: ALL4,
+        kv: false,
         run: rejected,
         fires: &[("DpcoordStatsRejected", "warning", &[("result", "unknown_rank")])],
     },
-    Scenario { name: "start16", dp: 16, live: &[], run: start16, fires: &[] },
-    Scenario { name: "one_refusal", dp: 4, live: &[], run: one_refusal, fires: &[] },
+    Scenario {
+        name: "kv_stopped",
+        dp: 2,
+        live: &[0, 1],
+        kv: true,
+        run: kv_stopped,
+        fires: &[("DpcoordRankKvEventsStopped", "warning", &[("dp_rank", "1")])],
+    },
+    Scenario { name: "kv_idle", dp: 2, live: &[0, 1], kv: true, run: kv_idle, fires: &[] },
+    Scenario { name: "start16", dp: 16, live: &[], kv: false, run: start16, fires: &[] },
+    Scenario { name: "one_refusal", dp: 4, live: &[], kv: false, run: one_refusal, fires: &[] },
 ];
 
 // -- the dashboard ------------------------------------------------------------------------
@@ -859,10 +1036,18 @@ fn each_alert_fires_and_resolves_in_a_real_prometheus_and_normal_life_fires_noth
     assert!(changed > 0);
     let prom = Prometheus::start(&rules);
     let t0 = Instant::now();
+    let zmq = zmq::Context::new();
+    let mut kv = BTreeMap::new();
     let coords: Vec<(Daemon, Engines)> = SCENARIOS
         .iter()
         .map(|sc| {
-            let d = Daemon::start(&["--dp-size", &sc.dp.to_string()]);
+            let mut args = vec!["--dp-size".to_owned(), sc.dp.to_string()];
+            if sc.kv {
+                let (events, endpoint) = KvEvents::bind(&zmq);
+                args.extend(["--kv-events-connect".to_owned(), endpoint]);
+                kv.insert(sc.name, events);
+            }
+            let d = Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
             let e = Engines::start(&d, sc.dp, sc.live);
             wait_all(&d, sc.live.iter().copied(), "up");
             (d, e)
@@ -874,6 +1059,7 @@ fn each_alert_fires_and_resolves_in_a_real_prometheus_and_normal_life_fires_noth
         instances: SCENARIOS.iter().zip(&coords).map(|(sc, (d, _))| (sc.name, d.metrics)).collect(),
         targets: Mutex::new(BTreeMap::new()),
         keep: Mutex::new(Vec::new()),
+        kv,
         failed: AtomicBool::new(false),
     };
     let stop = AtomicBool::new(false);
