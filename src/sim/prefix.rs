@@ -139,7 +139,7 @@ pub fn prefix(a: &SimArgs) -> Result<Outcome, SimError> {
 pub fn variations() -> Vec<(String, CacheWeights)> {
     let d = CacheWeights::default();
     let mut v = vec![("defaults".to_owned(), d)];
-    for p in [0.0, 0.25, 0.5, 2.0, 4.0] {
+    for p in [0.0, 0.5, 1.0, 2.0, 8.0] {
         v.push((format!("prefill_weight {p}"), CacheWeights { prefill: p, ..d }));
     }
     for abs in [0.0, 8192.0, 131_072.0, 4_294_967_296.0] {

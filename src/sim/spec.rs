@@ -16,9 +16,14 @@ pub struct CacheWeights {
 }
 
 impl Default for CacheWeights {
-    /// The documented defaults.
+    /// The daemon's defaults (`config::keys`).
     fn default() -> CacheWeights {
-        CacheWeights { prefill: 1.0, balance_abs: 32_768.0, balance_rel: 2.0 }
+        use crate::config::keys::{CACHE_BALANCE_ABS_TOKENS, CACHE_BALANCE_REL, CACHE_PREFILL_WEIGHT};
+        CacheWeights {
+            prefill: CACHE_PREFILL_WEIGHT.default,
+            balance_abs: CACHE_BALANCE_ABS_TOKENS.default as f64,
+            balance_rel: CACHE_BALANCE_REL.default,
+        }
     }
 }
 
