@@ -41,12 +41,6 @@ enum Cmd {
     Sim(dpcoord::sim::SimArgs),
 }
 
-fn read_file(path: &PathBuf) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError { key: "config".into(), problem: format!("cannot read {}: {e}", path.display()) })?;
-    Config::parse_toml(&text)
-}
-
 /// Parses the command line: the command's own arguments and the config flags.
 fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
     let mut cmd = Cli::command().args(config::flags());
@@ -58,7 +52,7 @@ fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
 /// The file's table with every given flag folded in.
 fn table(config: Option<&PathBuf>, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
     let mut t = match config {
-        Some(path) => read_file(path)?,
+        Some(path) => config::read_file(path)?,
         None => toml::Table::new(),
     };
     config::fold_flags(matches, &mut t);
@@ -154,7 +148,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
         Some(Cmd::Probe(args)) => dpcoord::io::probe::main(args),
-        Some(Cmd::CheckConfig { file }) => match read_file(file).and_then(Config::from_table) {
+        Some(Cmd::CheckConfig { file }) => match config::read_file(file).and_then(Config::from_table) {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS

@@ -260,6 +260,27 @@ impl Config {
     }
 }
 
+/// The largest configuration file read (the shipped example is under 8 KiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads and parses a configuration file: a regular file (a FIFO or a device
+/// would block or never end) of at most [`MAX_FILE_BYTES`].
+pub fn read_file(path: &std::path::Path) -> Result<toml::Table, ConfigError> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| err("config", format!("cannot read {}: {e}", path.display()));
+    // Checked before opening: opening a FIFO to read waits for a writer.
+    if !std::fs::metadata(path).map_err(cannot)?.is_file() {
+        return Err(err("config", format!("{} is not a regular file", path.display())));
+    }
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_string(&mut text).map_err(cannot)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(err("config", format!("{} is larger than {MAX_FILE_BYTES} bytes", path.display())));
+    }
+    Config::parse_toml(&text)
+}
+
 /// Sets `section.key = value` in a table, creating the section as needed
 /// (how a flag overrides the file).
 pub fn set(root: &mut toml::Table, section: &str, key: &str, value: toml::Value) {

@@ -192,7 +192,9 @@ impl Coordinator {
                     }
                     self.user.on_report(&accepted, &self.engines, now);
                     self.metrics.stats(StatsResult::Ok);
-                    self.metrics.stats_missed.inc_by(accepted.missed);
+                    // A seq can jump by up to 2^64: the counter stops at its top, never wraps.
+                    let missed = &self.metrics.stats_missed;
+                    missed.inc_by(accepted.missed.min(u64::MAX - missed.get()));
                 }
                 Err(reject) => self.dropped(reject_result(&reject), &reject, now),
             },

@@ -125,3 +125,23 @@ fn resize_and_reload_ops_answer_with_the_new_view() {
     assert_eq!(ask(&mut bare, Channel::Health, reload(), t0)["error"]["code"], "invalid_config");
     assert_eq!(bare.allowlist("route"), None);
 }
+
+#[test]
+fn the_missed_updates_counter_saturates_instead_of_wrapping() {
+    let mut c = coordinator(1, PolicyKind::RoundRobin);
+    let now = Instant::now();
+    let send = |c: &mut Coordinator, boot: u64, seq: u64| {
+        let u = msgpack(json!({"v": 1, "rank": 0, "boot": boot, "seq": seq, "counts": [0, 0, 0, 0, 0]}));
+        c.on_source(SourceKind::Stats, Some(&[&u[..]][..]), now);
+    };
+    let mut last = 0;
+    // Each boot jumps from seq 1 to 2^63 + 1: 2^63 - 1 missed, three times over.
+    for boot in 1..=3 {
+        send(&mut c, boot, 1);
+        send(&mut c, boot, (1 << 63) + 1);
+        let missed = c.metrics().stats_missed.get();
+        assert!(missed >= last, "the counter went down: {last} -> {missed}");
+        last = missed;
+    }
+    assert_eq!(last, u64::MAX);
+}

@@ -1,0 +1,50 @@
+//! Configuration files are read bounded: only regular files, at most
+//! 1 MiB (`config::MAX_FILE_BYTES`). A device or a FIFO used to grow memory
+//! without end or hang the command.
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_or_kill(&mut child, Duration::from_secs(10), "dpcoord");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), err)
+}
+
+#[test]
+fn devices_fifos_and_oversized_files_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let big = dir.path().join("big.toml");
+    // 1 MiB + 1 byte of comments: valid TOML, one byte too many.
+    std::fs::write(&big, format!("#{}\n", "x".repeat((1 << 20) - 1))).unwrap();
+    let ok = dir.path().join("ok.toml");
+    std::fs::write(&ok, "[engines]\ndp_size = 2\n").unwrap();
+    let cases = [
+        ("/dev/zero", "/dev/zero is not a regular file".to_owned()),
+        (fifo.to_str().unwrap(), format!("{} is not a regular file", fifo.display())),
+        (big.to_str().unwrap(), format!("{} is larger than 1048576 bytes", big.display())),
+    ];
+    for (path, why) in &cases {
+        let (code, err) = run(&["check-config", path]);
+        assert_eq!(code, Some(2), "{path}: {err}");
+        assert!(err.contains(why), "{path}: {err}");
+        // The daemon refuses it the same way, before binding anything.
+        let (code, err) = run(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
+        assert_eq!(code, Some(2), "{path}: {err}");
+        assert!(err.contains(why), "{path}: {err}");
+    }
+    assert_eq!(run(&["check-config", ok.to_str().unwrap()]).0, Some(0));
+}
