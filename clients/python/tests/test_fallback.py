@@ -65,6 +65,8 @@ def test_dpcoord_stopped_then_restarted_leaves_no_request_without_a_rank(start_d
         eventually("answers from dpcoord", lambda: f.count("dpcoord") >= 20)
         assert d.stop() == 0
         eventually("local fallback answers", lambda: f.count("fallback") >= 30)
+        # Answered while dpcoord was away, from the last routable set it showed.
+        while_away = f.count("fallback")
         d.restart()  # same endpoints; the engines keep publishing to it
         eventually("30 answers in a row from dpcoord again", lambda: f.trailing("dpcoord") >= 30)
     finally:
@@ -79,9 +81,11 @@ def test_dpcoord_stopped_then_restarted_leaves_no_request_without_a_rank(start_d
     runs = [(k, len(list(g))) for k, g in itertools.groupby(sources)]
     assert [k for k, _ in runs] == ["dpcoord", "fallback", "dpcoord"], runs
     assert runs[2][1] >= 30, runs
-    # The fallback is a round-robin over the last known routable ranks, counted exactly.
+    # The fallback is a round-robin over the last known routable ranks, counted exactly,
+    # while dpcoord is away. (Once it is back but has not heard every engine yet, an
+    # uninformed answer may fall back over the routable set its fresh state shows.)
     fallback_ranks = [r[0] for r, s, _ in records if s == "fallback"]
-    assert fallback_ranks == [i % 3 for i in range(len(fallback_ranks))]
+    assert fallback_ranks[:while_away] == [i % 3 for i in range(while_away)]
     assert client.fallbacks == len(fallback_ranks)
     # Only the call that found dpcoord gone waited for the timeout; none hung.
     assert max(dt for _, _, dt in records) < TIMEOUT_MS / 1000 + 1.0
