@@ -198,11 +198,7 @@ impl UserDispatcher {
             };
             self.request_costs.push(cost + prefill);
         }
-        let candidates = Candidates { engines, costs: &self.request_costs, routable: &self.routable };
-        let chosen = self.policy.picker.pick(&candidates, self.cursor, &mut self.rng);
-        let rank = chosen.unwrap_or(self.routable[0]);
-        self.cursor = (rank + 1) % engines.dp_size();
-        rank
+        self.pick_by(engines, true)
     }
 
     /// The one rank that takes all `n` (a pin, a room or a session), or
@@ -238,7 +234,14 @@ impl UserDispatcher {
 
     /// The policy's choice among routable ranks (at least one exists).
     fn pick(&mut self, engines: &EngineTable) -> u32 {
-        let candidates = Candidates { engines, costs: &self.costs, routable: &self.routable };
+        self.pick_by(engines, false)
+    }
+
+    /// The picker's choice over the policy's costs, or over the per-request
+    /// costs `pick_cached` just wrote; the cursor moves past it.
+    fn pick_by(&mut self, engines: &EngineTable, per_request: bool) -> u32 {
+        let costs = if per_request { &self.request_costs } else { &self.costs };
+        let candidates = Candidates { engines, costs, routable: &self.routable };
         let chosen = self.policy.picker.pick(&candidates, self.cursor, &mut self.rng);
         // `routable` is non-empty and in sync with `costs`, so every picker finds a rank.
         let rank = chosen.unwrap_or(self.routable[0]);
