@@ -3,6 +3,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use super::metrics::{built, register};
 use crate::engines::kv::Medium;
 use crate::engines::prefix::Applied;
 
@@ -97,13 +98,9 @@ pub struct KvMetrics {
     ranks: Vec<RankKv>,
 }
 
-/// Registers a collector; names are constants, so neither step can fail.
+/// Builds and registers a collector (the daemon's one way, `metrics.rs`).
 fn add<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, made: prometheus::Result<T>) -> T {
-    let c = made.unwrap_or_else(|e| unreachable!("metric definition is invalid: {e}"));
-    if let Err(e) = r.register(Box::new(c.clone())) {
-        unreachable!("metric registration failed: {e}");
-    }
-    c
+    register(r, built(made))
 }
 
 impl KvMetrics {
