@@ -13,7 +13,7 @@
 # container needs a config that binds 0.0.0.0 (or the pod IP), or ipc://
 # endpoints in a volume shared with the engines: mount one over
 # /etc/dpcoord/dpcoord.toml, or pass --config / flags (see
-# deploy/kubernetes/ and the README's Deploy section).
+# deploy/kubernetes/ and docs/operations.md, "Deploy").
 
 ARG RUST_VERSION=1
 ARG DEBIAN_RELEASE=bookworm

@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 const DEADLINE: Duration = Duration::from_secs(10);
 const DP: u32 = 8;
 /// Route p99 under a garbage flood stays within this many times the quiet p99
-/// (README, "Failure behaviour"; measured on a 2-core machine, see there).
+/// (docs/failure-behaviour.md; measured on a 2-core machine, see there).
 const FLOOD_BOUND: f64 = 5.0;
 
 #[derive(Clone, Copy, PartialEq, Eq)]

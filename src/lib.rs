@@ -4,7 +4,7 @@
 //! rank takes each request; probers use a separate health channel whose
 //! state cannot touch user routing. See README.md and docs/PROTOCOL.md.
 //!
-//! The folders are the concerns (the README's code map has every file):
+//! The folders are the concerns (docs/code-map.md has every file):
 //! - `wire`: bytes <-> typed messages (no I/O, no state)
 //! - `engines`: what each rank reported, liveness, penalties, engine events
 //! - `routing`: the coordinator and the user side (dispatcher, policies, ledgers, sessions)
