@@ -32,3 +32,27 @@ def test_readme_python_example_prints_what_the_readme_shows(start_daemon):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
     assert out.getvalue() == shown
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    repo = README.parent
+    pages = [README, repo / "clients/python/README.md", *sorted((repo / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if link.startswith(("http://", "https://")):
+                continue
+            path, _, fragment = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(repo)}: {link} (no such file)")
+            elif fragment and target.suffix == ".md" and fragment not in anchors(target):
+                broken.append(f"{page.relative_to(repo)}: {link} (no such heading)")
+    assert broken == []
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    headings = re.findall(r"(?m)^#+ (.*)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
