@@ -44,6 +44,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import DEADLINE, eventually
+from record import record
 
 # -- dpcoord side ---------------------------------------------------------------------
 
@@ -228,6 +229,7 @@ class Wire:
             self.drop.discard(seq)
             self.dropped.append(seq)
             return None
+        record("kv_batch", bytes(frames[2]))
         return self.sock.send_multipart(frames, *args, **kwargs)
 
     def __getattr__(self, name):

@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 from conftest import eventually
+from record import Recorded
 
 DP = 8
 BASE = 6100
@@ -25,7 +26,8 @@ def publishers(monkeypatch, tmp_path):
     lp = importlib.import_module("sglang.srt.managers.scheduler_components.load_publisher")
     kv = importlib.import_module("sglang.srt.disaggregation.kv_events")
     real_open = lp._open_pub_socket
-    monkeypatch.setattr(lp, "_open_pub_socket", lambda ep: real_open(f"ipc://{tmp_path}/load-{ep.rsplit(':', 1)[1]}"))
+    monkeypatch.setattr(lp, "_open_pub_socket", lambda ep: Recorded(
+        real_open(f"ipc://{tmp_path}/load-{ep.rsplit(':', 1)[1]}"), "sglang_load", lambda f: bytes(f[1]) + bytes(f[2])))
     pubs = []
     for rank in range(DP):
         ctx = SimpleNamespace(

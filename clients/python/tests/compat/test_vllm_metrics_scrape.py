@@ -12,6 +12,7 @@ from types import SimpleNamespace as NS
 import prometheus_client
 
 from conftest import eventually
+from record import record
 
 
 def vllm_config():
@@ -32,7 +33,9 @@ def render(real, rank: int, running: int, waiting: int, kv: float) -> bytes:
     stats = real["vllm.v1.metrics.stats"].SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting,
                                                            kv_cache_usage=kv)
     logger.record(stats, None, engine_idx=rank)
-    return prometheus_client.generate_latest(registry)
+    body = prometheus_client.generate_latest(registry)
+    record("vllm_metrics", body)
+    return body
 
 
 class Metrics(http.server.BaseHTTPRequestHandler):
