@@ -70,12 +70,16 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Waits for SIGTERM, SIGINT, or the daemon ending on its own; SIGHUP
-/// asks the daemon to reload its configuration and waits on.
+/// asks the daemon to reload its configuration and waits on. Every other
+/// signal that would end the process is logged and ignored
+/// ([`dpcoord::io::signals`]). All handlers are installed before the first
+/// await, so once the HTTP server answers (it runs inside this wait), they are.
 async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    dpcoord::io::signals::ignore_the_rest()?;
     let mut poll = tokio::time::interval(std::time::Duration::from_millis(100));
     loop {
         tokio::select! {

@@ -7,6 +7,7 @@ pub mod http;
 pub mod ipc;
 pub mod probe;
 pub mod scrape;
+pub mod signals;
 pub mod sockets;
 pub mod transport;
 mod zap;
