@@ -171,8 +171,10 @@ pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") 
 /// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
 pub const IPC_MODE: StrKey = StrKey { key: Key::new(SERVER, "ipc_mode"), default: "" };
 
+/// At most 4,096 ranks: memory, `/metrics` and each query's work grow with
+/// the rank count (docs/failure-behaviour.md, "Configuration bounds").
 pub const DP_SIZE: IntKey =
-    IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 65_536 };
+    IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 4096 };
 pub const STALE_AFTER_MS: IntKey =
     IntKey { key: Key::flagged(ENGINES, "stale_after_ms", "MS", ""), default: 1000, min: 1, max: HOUR_MS };
 pub const DOWN_AFTER_MS: IntKey =
@@ -227,6 +229,29 @@ pub const TTFT: FloatKey = FloatKey { key: Key::new(PENALTY, "ttft"), default: 1
 pub const MAX_MESSAGE_BYTES: IntKey =
     IntKey { key: Key::new(LIMITS, "max_message_bytes"), default: 65_536, min: 256, max: 16 << 20 };
 pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), default: 1024, min: 1, max: 65_536 };
+/// The most work one route query may ask for: `engines.dp_size` times
+/// `limits.max_batch`. A scoring policy weighs every rank for each placement,
+/// so a query with `n = max_batch` costs about this many rank weighings
+/// (1.5 ms at the bound; docs/failure-behaviour.md, "Configuration bounds"),
+/// while every other client waits.
+pub const MAX_QUERY_WORK: u64 = 1 << 18;
+
+/// Checks `dp_size x max_batch` against [`MAX_QUERY_WORK`]; the error names
+/// both keys and the largest `max_batch` this `dp_size` allows.
+pub fn check_query_work(dp_size: u32, max_batch: u32) -> Result<(), String> {
+    let work = u64::from(dp_size) * u64::from(max_batch);
+    if work <= MAX_QUERY_WORK {
+        return Ok(());
+    }
+    Err(format!(
+        "{} = {dp_size} with {} = {max_batch} is {work} rank weighings per query, above {MAX_QUERY_WORK}; \
+         with this dp_size, max_batch may be at most {}",
+        DP_SIZE.key.path(),
+        MAX_BATCH.key.path(),
+        MAX_QUERY_WORK / u64::from(dp_size.max(1)),
+    ))
+}
+
 pub const MAX_PROMPT_TOKENS: IntKey =
     IntKey { key: Key::new(LIMITS, "max_prompt_tokens"), default: 262_144, min: 1, max: 16 << 20 };
 

@@ -247,13 +247,15 @@ impl Config {
         let (kv_events, kv_topic, kv) = parse_kv_events(section(&root, "kv_events")?, engines.dp_size)?;
         server.kv_events = kv_events;
         server.kv_topic = kv_topic;
+        let limits = parse_limits(section(&root, "limits")?)?;
+        keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
         Ok(Config {
             server,
             settings: Settings {
                 engines,
                 routing: parse_routing(section(&root, "routing")?)?,
                 penalty: parse_penalty(section(&root, "penalty")?)?,
-                limits: parse_limits(section(&root, "limits")?)?,
+                limits,
                 kv,
             },
         })

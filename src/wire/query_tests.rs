@@ -132,9 +132,15 @@ fn admin_ops_on_the_health_socket_only() {
     };
     let resize = |n: rmpv::Value| h(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", n)]);
     assert_eq!(resize(12.into()), Ok(HealthOp::Admin(Admin::Resize(12))));
-    assert_eq!(resize(65536.into()), Ok(HealthOp::Admin(Admin::Resize(65536))));
+    // max_batch 1024: 256 ranks are the most within MAX_QUERY_WORK (2^18).
+    assert_eq!(resize(256.into()), Ok(HealthOp::Admin(Admin::Resize(256))));
+    assert_eq!(resize(257.into()), Err(ErrorCode::BadRequest));
+    let small = QueryLimits { max_batch: 64, ..LIM };
+    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 4096.into())]);
+    assert_eq!(decode_health_query(&bytes, &small).map(|q| q.op), Ok(HealthOp::Admin(Admin::Resize(4096))));
+    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 4097.into())]);
+    assert_eq!(decode_health_query(&bytes, &small).map(|_| ()).unwrap_err().error.code, ErrorCode::BadRequest);
     assert_eq!(resize(0.into()), Err(ErrorCode::BadRequest));
-    assert_eq!(resize(65537.into()), Err(ErrorCode::BadRequest));
     assert_eq!(resize("8".into()), Err(ErrorCode::BadRequest));
     assert_eq!(h(&[("v", 1.into()), ("op", "resize".into())]), Err(ErrorCode::BadRequest));
     assert_eq!(h(&[("v", 1.into()), ("op", "reload".into())]), Ok(HealthOp::Admin(Admin::Reload)));

@@ -1,0 +1,85 @@
+//! `engines.dp_size` (at most 4,096) and its product with `limits.max_batch`
+//! (at most `MAX_QUERY_WORK` = 262,144 rank weighings per query) are bounded:
+//! `check-config` and the daemon exit 2 naming the key, a `resize` past them
+//! is refused and changes nothing.
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+/// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_or_kill(&mut child, Duration::from_secs(10), "dpcoord");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), err)
+}
+
+const TOO_MANY_RANKS: &str = "engines.dp_size: must be between 1 and 4096, got 4097";
+const TOO_MUCH_WORK: &str = "limits.max_batch: engines.dp_size = 512 with limits.max_batch = 1024 is 524288 \
+     rank weighings per query, above 262144; with this dp_size, max_batch may be at most 512";
+
+#[test]
+fn check_config_and_the_daemon_refuse_too_many_ranks_or_too_much_work_per_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let many = file("many.toml", "[engines]\ndp_size = 4097\n");
+    let work = file("work.toml", "[engines]\ndp_size = 512\n");
+    let edge = file("edge.toml", "[engines]\ndp_size = 4096\n[limits]\nmax_batch = 64\n");
+    let over = file("over.toml", "[engines]\ndp_size = 4096\n[limits]\nmax_batch = 65\n");
+    let over_why = "limits.max_batch: engines.dp_size = 4096 with limits.max_batch = 65 is 266240 \
+         rank weighings per query, above 262144; with this dp_size, max_batch may be at most 64";
+    for (path, why) in [(&many, TOO_MANY_RANKS), (&work, TOO_MUCH_WORK), (&over, over_why)] {
+        let (code, err) = run(&["check-config", path]);
+        assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {why}").as_str()), "{path}");
+        // The daemon refuses it the same way, before binding anything.
+        let (code, err) = run(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
+        assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {why}").as_str()), "{path}");
+    }
+    // The flags are checked the same way.
+    let (code, err) = run(&["--dp-size", "512", "--metrics-bind", &free_addr().to_string()]);
+    assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {TOO_MUCH_WORK}").as_str()));
+    let (code, err) = run(&["check-config", &edge]);
+    assert_eq!((code, err), (Some(0), String::new()));
+}
+
+#[test]
+fn resize_past_the_bounds_is_refused_and_changes_nothing() {
+    let d = Daemon::frozen_up("8", &[0, 1]);
+    let health = d.health_client();
+    let before = d.books();
+    let cases = [
+        (4097, "`dp_size` must be between 1 and 4096, got 4097"),
+        (
+            257,
+            "`dp_size`: engines.dp_size = 257 with limits.max_batch = 1024 is 263168 rank weighings per query, \
+             above 262144; with this dp_size, max_batch may be at most 1020",
+        ),
+    ];
+    for (dp, why) in cases {
+        let r = health.call(json!({"v": 1, "op": "resize", "dp_size": dp, "id": 7}));
+        assert_eq!(
+            (r["ok"].clone(), r["error"].clone(), r["id"].clone()),
+            (json!(false), json!({"code": "bad_request", "message": why}), json!(7)),
+            "{r}"
+        );
+        assert_eq!(d.books(), before);
+        assert_eq!(d.metric("dpcoord_dp_size"), Some(8.0));
+    }
+    // The largest within the bound is taken.
+    let r = health.call(json!({"v": 1, "op": "resize", "dp_size": 256}));
+    assert_eq!((r["ok"].clone(), r["dp_size"].clone()), (json!(true), json!(256)), "{r}");
+}
