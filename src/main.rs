@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::io::daemon::Daemon;
-use dpcoord::io::http;
+use dpcoord::io::sockets::TransportError;
+use dpcoord::io::{http, ipc};
 use dpcoord::routing::ConfigSource;
 
 /// The command's own arguments; the config flags (`--dp-size`, ...) are
@@ -30,7 +31,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Check a config file and exit (0 when valid, 2 with the bad key otherwise).
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The TOML config file to check, as `--config FILE` would read it
+        /// (no flags are folded in).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
     Probe(dpcoord::io::probe::ProbeArgs),
     #[cfg(feature = "sim")]
@@ -94,16 +100,38 @@ async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
     }
 }
 
-/// Serves until a signal or the coordinator's end; `Err` is the one-line
-/// reason the daemon failed.
-fn serve(cfg: Config, source: ConfigSource) -> Result<(), String> {
+/// Why the daemon failed: its one line and exit status (2 when an endpoint
+/// of the configuration can never be bound, 1 otherwise).
+struct Failed {
+    why: String,
+    code: u8,
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Failed {
+        Failed { why, code: 1 }
+    }
+}
+
+/// The failure of a bind or listen: exit 2 when the configuration is at fault.
+fn bind_failed(e: impl std::fmt::Display, config: bool) -> Failed {
+    Failed { why: e.to_string(), code: if config { 2 } else { 1 } }
+}
+
+/// Serves until a signal or the coordinator's end.
+fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     init_logging(cfg.server.log_format);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let listener = http::bind(cfg.server.metrics_bind).map_err(|e| e.to_string())?;
-    let daemon = Daemon::start(&cfg, source).map_err(|e| e.to_string())?;
+    let listener =
+        http::bind(cfg.server.metrics_bind).map_err(|e| bind_failed(&e, ipc::listen_is_config_error(&e.source)))?;
+    let daemon = Daemon::start(&cfg, source).map_err(|e| {
+        let config =
+            matches!(&e, TransportError::Endpoint { what: "bind", source, .. } if ipc::bind_is_config_error(source));
+        bind_failed(&e, config)
+    })?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone());
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
     match rt.block_on(wait_for_stop(&daemon)) {
@@ -136,9 +164,10 @@ fn main() -> ExitCode {
     let (cli, matches) = match command_line() {
         Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
-            // One line naming the flag, as for config keys.
-            let text = e.to_string();
-            eprintln!("dpcoord: {}", text.lines().next().unwrap_or("invalid command line"));
+            // clap's whole message (`error: ...` naming the argument, then
+            // the valid values or a tip, and the usage), as one block.
+            eprint!("dpcoord: ");
+            let _ = e.print();
             return ExitCode::from(2);
         }
         Err(e) => {
@@ -162,7 +191,7 @@ fn main() -> ExitCode {
         None => match table(cli.config.as_ref(), &matches).and_then(Config::from_table) {
             Ok(cfg) => match serve(cfg, reloader(cli.config.clone(), matches)) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e, ExitCode::FAILURE),
+                Err(Failed { why, code }) => fail(why, ExitCode::from(code)),
             },
             Err(e) => fail(e, ExitCode::from(2)),
         },

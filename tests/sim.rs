@@ -206,14 +206,16 @@ fn elastic_grows_and_shrinks_the_table_without_losing_a_request_or_placing_on_re
     assert_eq!(svg.matches("stroke-dasharray").count(), arms * 2 * 2, "both resizes marked in every panel");
 }
 
+/// More of these, with clap's whole messages, in `cli_errors.rs`.
 #[test]
-fn bad_arguments_exit_2_with_one_line() {
+fn bad_arguments_exit_2_saying_why() {
     let out = tempfile::tempdir().unwrap();
     let r = sim(out.path(), &["health-matrix", "--rate", "0"]);
     assert_eq!(r.code, Some(2));
-    assert_eq!(r.stderr, "dpcoord sim: --rate must be a number > 0, got 0\n");
+    assert_eq!(r.stderr, "dpcoord: error: --rate must be a number > 0, got 0\n");
     let r = sim(out.path(), &["no-such-scenario"]);
     assert_eq!(r.code, Some(2));
-    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.starts_with("dpcoord: error: invalid value 'no-such-scenario' for '<SCENARIO>'\n"), "{}", r.stderr);
+    assert!(r.stderr.contains("[possible values: health-matrix, slow-rank, "), "{}", r.stderr);
     assert!(!out.path().join("health-matrix.txt").exists());
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::io::access::Allowlist;
 pub use crate::routing::PolicyKind;
 
+mod binds;
 mod flags;
 pub mod keys;
 mod parse;
@@ -220,18 +221,10 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses TOML text (the file's contents).
+    /// Parses TOML text (the file's contents); a syntax error reads
+    /// `config:LINE:COL: what`.
     pub fn parse_toml(text: &str) -> Result<toml::Table, ConfigError> {
-        text.parse::<toml::Table>().map_err(|e| {
-            let msg = e.message().replace('\n', " ");
-            match e.span() {
-                Some(span) => {
-                    let line = text[..span.start.min(text.len())].lines().count().max(1);
-                    err("config", format!("line {line}: {msg}"))
-                }
-                None => err("config", msg),
-            }
-        })
+        parse_named(text, "config")
     }
 
     /// Checks a whole table (file plus flags) and builds the config.
@@ -247,6 +240,7 @@ impl Config {
         let (kv_events, kv_topic, kv) = parse_kv_events(section(&root, "kv_events")?, engines.dp_size)?;
         server.kv_events = kv_events;
         server.kv_topic = kv_topic;
+        binds::check_distinct(&server)?;
         let limits = parse_limits(section(&root, "limits")?)?;
         keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
         Ok(Config {
@@ -280,7 +274,26 @@ pub fn read_file(path: &std::path::Path) -> Result<toml::Table, ConfigError> {
     if text.len() as u64 > MAX_FILE_BYTES {
         return Err(err("config", format!("{} is larger than {MAX_FILE_BYTES} bytes", path.display())));
     }
-    Config::parse_toml(&text)
+    parse_named(&text, &path.display().to_string())
+}
+
+/// Parses TOML text read from `name`; a syntax error is one line,
+/// `NAME:LINE:COL: what` (as compilers write it), its key the position.
+fn parse_named(text: &str, name: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>().map_err(|e| {
+        // toml's message is a few lines ("invalid string", "expected ..."): one clause each.
+        let what: Vec<&str> = e.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let what = what.join("; ");
+        match e.span() {
+            Some(span) => {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                err(format!("{name}:{line}:{col}"), what)
+            }
+            None => err(name, what),
+        }
+    })
 }
 
 /// Sets `section.key = value` in a table, creating the section as needed

@@ -175,7 +175,7 @@ fn errors_name_the_key() {
     assert_eq!(key_of("[routing]\ntickms = 5"), "routing.tickms");
     assert_eq!(key_of("[router]\npolicy = \"round_robin\""), "router");
     assert_eq!(key_of("routing = 3"), "routing");
-    assert_eq!(key_of("[routing\n"), "config");
+    assert_eq!(key_of("[routing\n"), "config:1:9");
 }
 
 #[test]

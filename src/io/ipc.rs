@@ -1,4 +1,11 @@
-//! The file mode of the ipc:// sockets dpcoord binds (`server.ipc_mode`).
+//! Binding the ZeroMQ endpoints: what a failed bind or connect says, and
+//! the file mode of the ipc:// sockets dpcoord binds (`server.ipc_mode`).
+//!
+//! A failed bind names the key whose endpoint it is and, where one helps,
+//! what to do (create an ipc:// socket's directory, ...). It is the
+//! configuration's fault, so the daemon exits 2 (a supervisor does not
+//! retry it), except for a port another process holds, which a retry may
+//! find free (exit 1).
 //!
 //! libzmq creates a socket file with the process umask; connecting to it
 //! needs write permission, so by default only dpcoord's user (or root) can.
@@ -6,6 +13,62 @@
 //! bind, so engines in the socket's group can connect as well.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// The config key whose endpoint the socket named `socket` (as the
+/// transport names it) binds or connects to; `None` for dpcoord's own
+/// inproc sockets.
+fn key_of(what: &str, socket: &str) -> Option<&'static str> {
+    Some(match (what, socket) {
+        ("bind", "route") => "server.route_bind",
+        ("bind", "health") => "server.health_bind",
+        ("bind", "stats") => "server.stats_bind",
+        ("connect", "stats") => "server.stats_connect",
+        ("connect", "sglang_load") => "engines.sglang_load_connect",
+        ("connect", "kv_events") => "kv_events.connect",
+        ("connect", "kv_replay") => "kv_events.replay",
+        _ => return None,
+    })
+}
+
+/// What to do about `source` at `endpoint`, as a clause to append.
+fn hint(endpoint: &str, source: &zmq::Error) -> String {
+    let file = endpoint.strip_prefix("ipc://").filter(|p| !p.starts_with('@') && *p != "*").map(Path::new);
+    let dir = file.and_then(Path::parent).map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d });
+    match (source, dir) {
+        (zmq::Error::ENOENT, Some(dir)) => {
+            format!("; the directory {} does not exist: create it first (mkdir -p)", dir.display())
+        }
+        (zmq::Error::EACCES, Some(dir)) => format!("; dpcoord's user cannot create files in {}", dir.display()),
+        (zmq::Error::ENAMETOOLONG, Some(_)) => "; an ipc:// path is at most 107 bytes: use a shorter one".into(),
+        (zmq::Error::EADDRNOTAVAIL, None) => "; no interface of this host has that address".into(),
+        (zmq::Error::ENODEV, None) => "; no interface of this host has that name".into(),
+        (zmq::Error::EADDRINUSE, _) => "; another process holds it".into(),
+        _ => String::new(),
+    }
+}
+
+/// The one line of a failed bind or connect: `KEY: cannot bind EP: why; hint`.
+pub fn endpoint_error(what: &str, socket: &str, endpoint: &str, source: &zmq::Error) -> String {
+    let hint = hint(endpoint, source);
+    match key_of(what, socket) {
+        Some(key) => format!("{key}: cannot {what} {endpoint}: {source}{hint}"),
+        None => format!("cannot {what} the {socket} socket to {endpoint}: {source}{hint}"),
+    }
+}
+
+/// Whether a bind failed for a reason no retry mends: everything but a
+/// port another process holds (or a transient shortage of resources).
+pub fn bind_is_config_error(source: &zmq::Error) -> bool {
+    use zmq::Error::*;
+    matches!(source, ENOENT | EACCES | ENAMETOOLONG | EADDRNOTAVAIL | ENODEV | EINVAL | EPROTONOSUPPORT)
+}
+
+/// The same for the HTTP listener (`server.metrics_bind`).
+pub fn listen_is_config_error(source: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(source.kind(), AddrNotAvailable | PermissionDenied | InvalidInput)
+}
 
 /// The mode could not be set: start-up fails with this one line.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +131,26 @@ mod tests {
         let (_ctx, s) = bound("inproc://ipc-mode-test");
         set_mode(&s, Some(0o660)).unwrap();
         set_mode(&s, None).unwrap();
+    }
+
+    #[test]
+    fn a_bind_error_names_its_key_and_what_to_do() {
+        let missing = endpoint_error("bind", "stats", "ipc:///no/such/dir/s.sock", &zmq::Error::ENOENT);
+        assert_eq!(
+            missing,
+            "server.stats_bind: cannot bind ipc:///no/such/dir/s.sock: No such file or directory; \
+             the directory /no/such/dir does not exist: create it first (mkdir -p)"
+        );
+        let relative = endpoint_error("bind", "route", "ipc://s.sock", &zmq::Error::ENOENT);
+        assert!(relative.ends_with("; the directory . does not exist: create it first (mkdir -p)"), "{relative}");
+        let busy = endpoint_error("bind", "health", "tcp://127.0.0.1:5571", &zmq::Error::EADDRINUSE);
+        assert_eq!(
+            busy,
+            "server.health_bind: cannot bind tcp://127.0.0.1:5571: Address already in use; another process holds it"
+        );
+        let inner = endpoint_error("bind", "zap", "inproc://zeromq.zap.01", &zmq::Error::EADDRINUSE);
+        assert!(inner.starts_with("cannot bind the zap socket to inproc://zeromq.zap.01: "), "{inner}");
+        assert!(bind_is_config_error(&zmq::Error::ENOENT) && !bind_is_config_error(&zmq::Error::EADDRINUSE));
     }
 
     #[test]

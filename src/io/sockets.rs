@@ -23,7 +23,7 @@ const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    #[error("cannot {what} the {socket} socket to {endpoint}: {source}")]
+    #[error("{}", crate::io::ipc::endpoint_error(.what, .socket, .endpoint, .source))]
     Endpoint { what: &'static str, socket: &'static str, endpoint: String, source: zmq::Error },
     #[error("cannot start the coordinator thread: {0}")]
     Thread(std::io::Error),

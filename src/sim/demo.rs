@@ -38,7 +38,7 @@ pub struct DemoArgs {
     pub seconds: u64,
     /// `routing.policy`; `cache_aware` runs a shared-prefix workload (48 tenants, 3k-token
     /// system prompts) with prefix caches and KV events, and shows each rank's cache hit rate.
-    #[arg(long, value_name = "NAME", default_value = "round_robin")]
+    #[arg(long, value_name = "NAME", default_value = "round_robin", value_parser = crate::sim::policy_names())]
     pub policy: String,
 }
 

@@ -52,9 +52,10 @@ pub mod world;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::ArgAction;
+use clap::builder::PossibleValuesParser;
+use clap::{ArgAction, ValueEnum};
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, PolicyKind};
 use crate::io::sockets::TransportError;
 
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +156,7 @@ pub struct SimArgs {
     pub ttft: bool,
     /// Policies to compare (repeatable); default every `routing.policy` this build accepts.
     /// health-matrix uses the first (default round_robin).
-    #[arg(long = "policy", value_name = "NAME")]
+    #[arg(long = "policy", value_name = "NAME", value_parser = policy_or_arm_names())]
     pub policies: Vec<String>,
     /// prefix: requests per arm over all frontends.
     #[arg(long, value_name = "N", default_value_t = 960, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
@@ -167,15 +168,33 @@ pub struct SimArgs {
     #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub cache_blocks: u64,
     /// prefix: workloads to run (repeatable: shared-prefix, multi-turn-chat, no-sharing); default all.
-    #[arg(long = "workload", value_name = "NAME")]
+    #[arg(long = "workload", value_name = "NAME", value_parser = workload_names())]
     pub workloads: Vec<String>,
     /// prefix: sweep the cache_aware weights instead of comparing arms.
     #[arg(long)]
     pub sweep: bool,
 }
 
+/// Every `routing.policy` name: `--policy` of `dpcoord demo`, checked while
+/// parsing so an unknown name is refused with the list.
+pub(crate) fn policy_names() -> PossibleValuesParser {
+    PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::as_str))
+}
+
+/// `--policy` of `dpcoord sim`: a `routing.policy`, or an arm of the prefix
+/// scenario (`SimArgs::check` refuses an arm elsewhere).
+fn policy_or_arm_names() -> PossibleValuesParser {
+    let arms = prefix::ARMS.into_iter().filter(|arm| PolicyKind::parse(arm).is_none());
+    PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::as_str).into_iter().chain(arms))
+}
+
+fn workload_names() -> PossibleValuesParser {
+    PossibleValuesParser::new(prefix::workloads().map(|w| w.name()))
+}
+
 impl SimArgs {
     fn check(&self) -> Result<(), SimError> {
+        self.check_policies()?;
         if !(self.speed.is_finite() && self.speed >= 0.0) {
             return Err(SimError::Usage(format!("--speed must be a number >= 0, got {}", self.speed)));
         }
@@ -185,6 +204,30 @@ impl SimArgs {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Each `--policy` names something this scenario runs: an arm (or an
+    /// arm's policy) in prefix, a `routing.policy` elsewhere.
+    fn check_policies(&self) -> Result<(), SimError> {
+        let scenario = self.scenario.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+        for p in &self.policies {
+            let known = if self.scenario == Scenario::Prefix {
+                prefix::ARMS.iter().any(|arm| arm == p || arm.split('/').next() == Some(p.as_str()))
+            } else {
+                PolicyKind::parse(p).is_some()
+            };
+            if known {
+                continue;
+            }
+            let takes = if self.scenario == Scenario::Prefix {
+                format!("the arms {}", prefix::ARMS.join(", "))
+            } else {
+                let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!("a routing.policy: {} (`{p}` is an arm of the prefix scenario only)", names.join(", "))
+            };
+            return Err(SimError::Usage(format!("--policy {p}: {scenario} runs {takes}")));
+        }
+        Ok(())
     }
 }
 
@@ -203,7 +246,7 @@ pub fn main(args: &SimArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ SimError::Usage(_)) => {
-            eprintln!("dpcoord sim: {e}");
+            eprintln!("dpcoord: error: {e}");
             ExitCode::from(2)
         }
         Err(e) => {
