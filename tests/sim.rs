@@ -1,7 +1,7 @@
 //! `dpcoord sim` end to end: the real binary runs dpcoord in-process with
-//! simulated engines, frontends and a prober. With `round_robin` a run is
-//! exactly reproducible (one event loop in virtual time), so the health
-//! matrix is checked to the last digit.
+//! simulated engines, frontends and a prober. dpcoord's coordinator is
+//! stepped on the run's virtual clock (one event loop), so every run is
+//! exactly reproducible and reports are checked to the last digit.
 mod common;
 
 use std::io::Read;
@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::wait_or_kill;
 use dpcoord::config::PolicyKind;
 
-/// Longest any one run may take.
-const DEADLINE: Duration = Duration::from_secs(25);
+/// Longest any one run may take (`sim all` with its defaults takes about 10 s unoptimized).
+const DEADLINE: Duration = Duration::from_secs(90);
 
 struct Run {
     code: Option<i32>,
@@ -215,7 +215,58 @@ fn bad_arguments_exit_2_saying_why() {
     assert_eq!(r.stderr, "dpcoord: error: --rate must be a number > 0, got 0\n");
     let r = sim(out.path(), &["no-such-scenario"]);
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.starts_with("dpcoord: error: invalid value 'no-such-scenario' for '<SCENARIO>'\n"), "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("dpcoord: error: invalid value 'no-such-scenario' for '<SCENARIO>'\n"),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("[possible values: health-matrix, slow-rank, "), "{}", r.stderr);
     assert!(!out.path().join("health-matrix.txt").exists());
+}
+
+/// Every scenario, with its defaults, twice: the same bytes on stdout and
+/// in every file written.
+#[test]
+fn sim_all_repeats_byte_for_byte() {
+    let out = tempfile::tempdir().unwrap();
+    let files = |dir: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        names.sort();
+        names.into_iter().map(|p| (p.clone(), std::fs::read(p).unwrap())).collect::<Vec<_>>()
+    };
+    let first = sim(out.path(), &["all"]);
+    assert_eq!(first.code, Some(0), "stderr: {}", first.stderr);
+    let written = files(out.path());
+    assert_eq!(written.len(), 6 * 2, "a report and a chart per scenario: {written:?}");
+    let second = sim(out.path(), &["all"]);
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    assert!(first.stdout == second.stdout, "stdout differs:\n{}\n---\n{}", first.stdout, second.stdout);
+    for ((path, a), (_, b)) in written.iter().zip(files(out.path())) {
+        assert!(*a == b, "{} differs between the runs", path.display());
+    }
+}
+
+/// Rank 3 dies at 29.78 s; its last stats went out at the heartbeat of 29.7 s,
+/// so dpcoord's tick at 32.8 s (3000 ms of silence, then the next 100 ms tick)
+/// shows it down, and no policy places a request on it from then on.
+#[test]
+fn dead_rank_is_seen_down_after_down_after_ms_and_takes_no_placement_after() {
+    let out = tempfile::tempdir().unwrap();
+    let r = sim(out.path(), &["dead-rank"]);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let heading = "rank 3 died at 29.78 s; a rank silent for engines.down_after_ms (3000 ms) is down at the next \
+                   tick (routing.tick_ms 100 ms)";
+    assert!(r.stdout.lines().any(|l| l == heading), "missing {heading:?} in:\n{}", r.stdout);
+    // policy, shown down at, after death, placements after death, after it showed down.
+    let placed_after_death =
+        [("round_robin", "1"), ("least_load", "0"), ("least_tokens", "1"), ("power_of_two", "0"), ("cache_aware", "1")];
+    assert_eq!(placed_after_death.len(), PolicyKind::ALL.len());
+    for (policy, after_death) in placed_after_death {
+        let line: Vec<&str> = r.stdout.lines().map(cells).find(|c| c.first() == Some(&policy)).unwrap();
+        assert_eq!(line[1..], ["32.80", "s", "3.02", "s", after_death, "0"], "{policy}");
+    }
+    for p in PolicyKind::ALL {
+        let cells = row(&r.stdout, "dead-rank", p.as_str());
+        assert_eq!(cells[2..4], ["160", "0"], "{}: 160 completed, 0 lost", p.as_str());
+    }
 }

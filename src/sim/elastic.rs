@@ -134,7 +134,7 @@ pub fn elastic(a: &SimArgs) -> Result<Outcome, SimError> {
     let spec = spec(a);
     let mut results = Vec::new();
     for policy in &policies(a) {
-        results.push(run_arm(&spec, &DaemonSettings::defaults(a.ranks, policy), a.ttft)?);
+        results.push(run_arm(&spec, &DaemonSettings::defaults(a.ranks, policy), a)?);
     }
     let (start, up, down) = sizes(a.ranks);
     let title = format!("elastic: dpcoord's table resized {start} -> {up} -> {down} ranks under load");

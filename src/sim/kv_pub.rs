@@ -8,9 +8,11 @@ use serde::Serialize;
 
 use super::net::NetError;
 use super::prefix_cache::KvEvent;
+use super::stepped::{SourcePeer, Wiring};
+use crate::wire::SourceKind;
 
 pub struct KvPub {
-    sock: zmq::Socket,
+    peer: SourcePeer,
     rank: u32,
     /// The next batch's `seq`.
     seq: u64,
@@ -54,18 +56,16 @@ pub fn encode(events: &[KvEvent], block: u32, rank: u32, ts: f64) -> Result<Vec<
 }
 
 impl KvPub {
-    pub fn bind(ctx: &zmq::Context, endpoint: &str, rank: u32) -> Result<KvPub, NetError> {
-        let sock = ctx.socket(zmq::PUB)?;
-        sock.set_linger(0)?;
-        sock.set_sndhwm(1_000_000)?;
-        sock.bind(endpoint)?;
-        Ok(KvPub { sock, rank, seq: 0 })
+    /// Engine `rank`'s PUB at `endpoint`, the `rank`-th of `kv_events.connect`.
+    pub fn bind(wiring: &Wiring, endpoint: &str, rank: u32) -> Result<KvPub, NetError> {
+        let kind = SourceKind::KvEvents { stream: rank as u16, replay: false };
+        Ok(KvPub { peer: wiring.publisher(endpoint, kind, true, 1_000_000)?, rank, seq: 0 })
     }
 
     /// Sends one batch (which may be empty) at virtual time `ts` seconds.
     pub fn send(&mut self, events: &[KvEvent], block: u32, ts: f64) -> Result<(), NetError> {
         let payload = encode(events, block, self.rank, ts)?;
-        self.sock.send_multipart([&b""[..], &self.seq.to_be_bytes(), &payload], zmq::DONTWAIT)?;
+        self.peer.send(&[b"", &self.seq.to_be_bytes(), &payload])?;
         self.seq += 1;
         Ok(())
     }

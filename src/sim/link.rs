@@ -12,7 +12,9 @@
 //! published, so a load-aware policy decides on the same facts in every run.
 //! `state` on the health socket changes no user routing state. With load
 //! streams, whose counts may repeat, it also waits until dpcoord has taken
-//! every message sent (its `dpcoord_stats_messages_total`).
+//! every message sent (its `dpcoord_stats_messages_total`). A stepped
+//! coordinator (`stepped`) has taken each message before its send returns,
+//! so nothing waits, and engines' heartbeats are events of virtual time.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,8 @@ use super::model::{Micros, SimEngine};
 use super::net::{Answer, Endpoints, NetError, Rpc, StatsPub};
 use super::prefix_cache::KvEvent;
 use super::publisher::{LoadPub, Publisher};
+use super::stepped::Wiring;
+use crate::wire::Channel;
 
 /// Engines re-send their stats at least this often (real time), as liveness.
 const HEARTBEAT: Duration = Duration::from_millis(25);
@@ -63,26 +67,47 @@ pub struct Link {
     /// Syncs that gave up waiting (the run is then not exactly reproducible).
     pub sync_timeouts: u64,
     // Dropped last, after every socket.
-    _ctx: zmq::Context,
+    wiring: Wiring,
 }
 
 impl Link {
-    /// A link for `engines` simulated engines (some may join dpcoord's table later).
+    /// A link over ZeroMQ for `engines` simulated engines (some may join
+    /// dpcoord's table later).
     pub fn open(eps: &Endpoints, frontends: u32, via: ProbeVia, engines: u32, sync: bool) -> Result<Link, NetError> {
-        let ctx = zmq::Context::new();
-        let boot =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64);
-        let prober_ep = match via {
-            ProbeVia::Health => &eps.health,
-            ProbeVia::Route => &eps.route,
+        Link::wire(Wiring::Zmq(zmq::Context::new()), eps, frontends, via, engines, sync)
+    }
+
+    /// A link whose peers reach dpcoord through `wiring`.
+    pub fn wire(
+        wiring: Wiring,
+        eps: &Endpoints,
+        frontends: u32,
+        via: ProbeVia,
+        engines: u32,
+        sync: bool,
+    ) -> Result<Link, NetError> {
+        // A stepped run's engines all boot at 1; a daemon on its own thread
+        // may have heard an earlier run's engines, so they boot at the wall time.
+        let boot = match wiring {
+            Wiring::Stepped(_) => 1,
+            Wiring::Zmq(_) => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64)
+            }
         };
+        let (prober_ep, prober_ch) = match via {
+            ProbeVia::Health => (&eps.health, Channel::Health),
+            ProbeVia::Route => (&eps.route, Channel::Route),
+        };
+        let w = &wiring;
         Ok(Link {
-            frontends: (0..frontends.max(1)).map(|_| Rpc::connect(&ctx, &eps.route)).collect::<Result<_, _>>()?,
-            prober: Rpc::connect(&ctx, prober_ep)?,
+            frontends: (0..frontends.max(1))
+                .map(|_| Rpc::connect(w, &eps.route, Channel::Route))
+                .collect::<Result<_, _>>()?,
+            prober: Rpc::connect(w, prober_ep, prober_ch)?,
             via,
-            observer: Rpc::connect(&ctx, &eps.health)?,
-            pubs: (0..engines).map(|r| publisher(&ctx, eps, r, boot)).collect::<Result<_, _>>()?,
-            kv: eps.kv.iter().zip(0..).map(|(ep, r)| KvPub::bind(&ctx, ep, r)).collect::<Result<_, _>>()?,
+            observer: Rpc::connect(w, &eps.health, Channel::Health)?,
+            pubs: (0..engines).map(|r| publisher(w, eps, r, boot)).collect::<Result<_, _>>()?,
+            kv: eps.kv.iter().zip(0..).map(|(ep, r)| KvPub::bind(w, ep, r)).collect::<Result<_, _>>()?,
             kv_counted_from: (0, 0),
             registry: None,
             counted_from: (0, 0),
@@ -93,8 +118,22 @@ impl Link {
             dirty: false,
             last_beat: Instant::now(),
             sync_timeouts: 0,
-            _ctx: ctx,
+            wiring,
         })
+    }
+
+    /// Whether dpcoord is a coordinator stepped on virtual time (then
+    /// engines' heartbeats are the world's events, not wall-clock ones).
+    pub fn is_stepped(&self) -> bool {
+        self.wiring.core().is_some()
+    }
+
+    /// The virtual time of the event being handled; a stepped coordinator
+    /// runs its ticks due by then before taking the event's messages.
+    pub fn set_now(&self, now: Micros) {
+        if let Some(core) = self.wiring.core() {
+            core.set_now(now);
+        }
     }
 
     /// Whether engines report `ttft_ms` (default on). dpcoord turns it into a
@@ -136,7 +175,9 @@ impl Link {
                 let e = KvEvent::Stored { hashes: vec![u64::MAX - r as u64], parent: None, tokens: marker(r) };
                 self.kv[r].send(&[e], block, 0.0)?;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            if !self.is_stepped() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             for (r, h) in heard.iter_mut().enumerate() {
                 *h = *h || self.observer.prefix(&marker(r))?.get(r).is_some_and(|&m| m > 0);
             }
@@ -144,6 +185,9 @@ impl Link {
                 return Err(NetError::NotUp(BRING_UP));
             }
             self.heartbeat(engines)?;
+        }
+        if self.is_stepped() {
+            return Ok(());
         }
         let mut last = self.kv_taken();
         loop {
@@ -287,16 +331,27 @@ impl Link {
         Ok(self.observer.state()?.iter().map(|r| r.pending).collect())
     }
 
+    /// dpcoord's status of each rank of its table (`up`, `stale`, `down`, `unknown`).
+    pub fn statuses(&mut self) -> Result<Vec<String>, NetError> {
+        Ok(self.observer.state()?.into_iter().map(|r| r.status).collect())
+    }
+
     /// A dead rank publishes nothing more.
     pub fn kill(&mut self, rank: u32) {
         self.dead[rank as usize] = true;
     }
 
-    /// Re-sends every live rank's stats if the last heartbeat is old enough.
+    /// Re-sends every live rank's stats if the last heartbeat is old
+    /// enough in wall time (a daemon on its own thread ages ranks by it).
     pub fn heartbeat(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
-        if self.last_beat.elapsed() < HEARTBEAT {
+        if self.is_stepped() || self.last_beat.elapsed() < HEARTBEAT {
             return Ok(());
         }
+        self.beat(engines)
+    }
+
+    /// Every live rank in dpcoord's table re-sends its stats now.
+    pub fn beat(&mut self, engines: &[SimEngine]) -> Result<(), NetError> {
         self.last_beat = Instant::now();
         for (rank, e) in engines.iter().enumerate() {
             self.publish(rank as u32, e)?;
@@ -305,7 +360,7 @@ impl Link {
     }
 
     fn sync(&mut self) -> Result<(), NetError> {
-        if !(self.sync && self.dirty) {
+        if !(self.sync && self.dirty) || self.is_stepped() {
             return Ok(());
         }
         let start = Instant::now();
@@ -340,7 +395,7 @@ impl Link {
     /// Starts the message count once the bring-up's messages have landed
     /// (a PUB drops what it sends before the subscription is wired).
     fn settle(&mut self) {
-        if !self.pubs.iter().any(Publisher::is_load) {
+        if self.is_stepped() || !self.pubs.iter().any(Publisher::is_load) {
             return;
         }
         let mut last = self.taken();
@@ -367,9 +422,9 @@ impl Link {
 
 /// Engine `rank`'s publisher: a load PUB it binds when dpcoord subscribes to
 /// load streams, else a `StatsUpdate` PUB to dpcoord's stats bind.
-fn publisher(ctx: &zmq::Context, eps: &Endpoints, rank: u32, boot: u64) -> Result<Publisher, NetError> {
+fn publisher(wiring: &Wiring, eps: &Endpoints, rank: u32, boot: u64) -> Result<Publisher, NetError> {
     match eps.load.get(rank as usize) {
-        Some(ep) => Ok(Publisher::load(LoadPub::bind(ctx, ep)?, rank)),
-        None => Ok(Publisher::stats(StatsPub::connect(ctx, &eps.stats, rank, boot)?, rank)),
+        Some(ep) => Ok(Publisher::load(LoadPub::bind(wiring, ep)?, rank)),
+        None => Ok(Publisher::stats(StatsPub::connect(wiring, &eps.stats, rank, boot)?, rank)),
     }
 }

@@ -16,6 +16,7 @@
 //! - `spec`, `world`: what defines a run; the discrete-event loop
 //! - `record`, `phase`, `report`, `svg`: results, phases between resizes, text, chart
 //! - `local`: an in-process daemon on private endpoints
+//! - `stepped`: dpcoord's coordinator stepped on the run's virtual clock
 //! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
 //! - `elastic`: scale-up and scale-down under load (8 -> 12 -> 6 ranks)
 //! - `pending`: dpcoord's pending placements against the truth, with
@@ -45,6 +46,7 @@ pub mod record;
 pub mod report;
 pub mod scenario;
 pub mod spec;
+pub mod stepped;
 pub mod svg;
 pub mod workload;
 pub mod world;
@@ -100,6 +102,15 @@ pub enum Scenario {
     All,
 }
 
+/// Where the simulator's dpcoord runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DaemonMode {
+    /// The coordinator on the simulator's thread, stepped on virtual time.
+    Stepped,
+    /// The daemon on its own thread and private ipc:// sockets, on the wall clock.
+    Threaded,
+}
+
 /// `dpcoord sim` arguments. The defaults are the documented deployment:
 /// 8 ranks, 8k-token chunks, concurrency 16 over 160 prompts of 60k/1 tokens.
 #[derive(clap::Args, Debug, Clone)]
@@ -147,11 +158,16 @@ pub struct SimArgs {
     /// the policy does).
     #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
     pub lockstep: Option<bool>,
-    /// Wait for dpcoord to see the latest stats before each placement (reproducible runs).
+    /// Where dpcoord runs: `stepped`, its coordinator on the simulator's thread and virtual clock
+    /// (every run repeats exactly, at any --speed); `threaded`, the whole daemon on its own thread
+    /// and private ipc:// sockets, on the wall clock.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = DaemonMode::Stepped)]
+    pub daemon: DaemonMode,
+    /// --daemon threaded: wait for dpcoord to see the latest stats before each placement.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set)]
     pub sync: bool,
-    /// Engines report `ttft_ms`, which dpcoord turns into a penalty on its wall-clock tick;
-    /// realistic, but then load-aware runs do not repeat exactly.
+    /// Engines report `ttft_ms`, which dpcoord turns into a penalty on its tick (with --daemon
+    /// threaded, a wall-clock tick: load-aware runs then do not repeat exactly).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = ArgAction::Set)]
     pub ttft: bool,
     /// Policies to compare (repeatable); default every `routing.policy` this build accepts.

@@ -1,13 +1,14 @@
-//! The simulator's ZeroMQ side, speaking the wire contract like real peers:
-//! frontend and prober REQ sockets, and one stats PUB socket per engine.
+//! The simulator's peers, speaking the wire contract like real ones:
+//! frontend and prober REQ sockets, and one stats PUB socket per engine
+//! (over ZeroMQ, or straight into a stepped coordinator: `stepped`).
 
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// How long any reply from dpcoord may take before the run fails.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+use super::stepped::{QueryPeer, SourcePeer, Wiring};
+use crate::wire::{Channel, SourceKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -107,24 +108,17 @@ pub enum Answer {
 
 /// A REQ socket: one query, one reply.
 pub struct Rpc {
-    sock: zmq::Socket,
+    peer: QueryPeer,
 }
 
 impl Rpc {
-    pub fn connect(ctx: &zmq::Context, endpoint: &str) -> Result<Rpc, NetError> {
-        let sock = ctx.socket(zmq::REQ)?;
-        sock.set_linger(0)?;
-        sock.set_rcvtimeo(REPLY_TIMEOUT.as_millis() as i32)?;
-        sock.set_sndtimeo(REPLY_TIMEOUT.as_millis() as i32)?;
-        sock.connect(endpoint)?;
-        Ok(Rpc { sock })
+    /// A REQ socket to `endpoint`, dpcoord's `ch` socket.
+    pub fn connect(wiring: &Wiring, endpoint: &str, ch: Channel) -> Result<Rpc, NetError> {
+        Ok(Rpc { peer: wiring.query(endpoint, ch)? })
     }
 
     fn call<R: DeserializeOwned>(&self, q: &Query) -> Result<R, NetError> {
-        let bytes = rmp_serde::to_vec_named(q)?;
-        let timeout = |e| if e == zmq::Error::EAGAIN { NetError::Timeout(REPLY_TIMEOUT) } else { NetError::Zmq(e) };
-        self.sock.send(bytes, 0).map_err(timeout)?;
-        let reply = self.sock.recv_bytes(0).map_err(timeout)?;
+        let reply = self.peer.call(&rmp_serde::to_vec_named(q)?)?;
         Ok(rmp_serde::from_slice(&reply)?)
     }
 
@@ -229,7 +223,7 @@ struct Update {
 
 /// One engine's stats PUB socket (it connects to dpcoord's stats bind).
 pub struct StatsPub {
-    sock: zmq::Socket,
+    peer: SourcePeer,
     rank: u32,
     boot: u64,
     seq: u64,
@@ -238,19 +232,16 @@ pub struct StatsPub {
 }
 
 impl StatsPub {
-    pub fn connect(ctx: &zmq::Context, endpoint: &str, rank: u32, boot: u64) -> Result<StatsPub, NetError> {
-        let sock = ctx.socket(zmq::PUB)?;
-        sock.set_linger(0)?;
-        sock.set_sndhwm(100_000)?;
-        sock.connect(endpoint)?;
-        Ok(StatsPub { sock, rank, boot, seq: 0, last: [0; 5] })
+    pub fn connect(wiring: &Wiring, endpoint: &str, rank: u32, boot: u64) -> Result<StatsPub, NetError> {
+        let peer = wiring.publisher(endpoint, SourceKind::Stats, false, 100_000)?;
+        Ok(StatsPub { peer, rank, boot, seq: 0, last: [0; 5] })
     }
 
     /// Sends one `StatsUpdate` with the next `seq`.
     pub fn publish(&mut self, counts: [u64; 5], tokens: [u64; 2], ttft_ms: Option<f64>) -> Result<(), NetError> {
         self.seq += 1;
         let u = Update { v: 1, rank: self.rank, boot: self.boot, seq: self.seq, counts, tokens, ttft_ms };
-        self.sock.send(rmp_serde::to_vec_named(&u)?, zmq::DONTWAIT)?;
+        self.peer.send(&[&rmp_serde::to_vec_named(&u)?])?;
         self.last = counts;
         Ok(())
     }

@@ -15,8 +15,9 @@
 //! Before each placement the simulator reads dpcoord's `pending` per rank
 //! and compares it with the truth, which it knows exactly: the rank's
 //! placements that the latest report dpcoord has does not include.
-//! `pending_transit_ms` is wall time, so the `reconcile` arms run paced at
-//! one virtual second per second whatever `--speed` says.
+//! Under `--daemon threaded`, `pending_transit_ms` is wall time, so the
+//! `reconcile` arms run paced at one virtual second per second whatever
+//! `--speed` says; a stepped coordinator measures it in virtual time.
 
 use std::fmt::Write;
 
@@ -27,7 +28,7 @@ use super::report::{self, join, ms, thousands};
 use super::scenario::{base, run_arm, Outcome};
 use super::workload::Load;
 use super::world::{ArmSpec, Handoff};
-use super::{svg, SimArgs, SimError};
+use super::{svg, DaemonMode, SimArgs, SimError};
 
 const FRONTENDS: [u32; 3] = [1, 4, 16];
 const ARMS: [&str; 3] = ["exact", "reconcile", "overwrite"];
@@ -66,14 +67,16 @@ fn run(a: &SimArgs, arm: &str, frontends: u32) -> Result<ArmResult, SimError> {
         "exact" => {}
         "reconcile" => {
             settings.sglang_load = true;
-            spec.speed = 1.0;
+            if a.daemon == DaemonMode::Threaded {
+                spec.speed = 1.0;
+            }
         }
         _ => {
             settings.sglang_load = true;
             settings.pending_transit_ms = 0;
         }
     }
-    run_arm(&spec, &settings, a.ttft)
+    run_arm(&spec, &settings, a)
 }
 
 /// The comparison table: a row per frontend count and arm.
@@ -139,7 +142,7 @@ pub fn pending(a: &SimArgs) -> Result<Outcome, SimError> {
                  snapshots overwriting";
     let mut text = format!(
         "{title}\n{} ranks in lockstep, least_load, open loop at {rate:.1} requests/s over all frontends, {} prompts \
-         of {}..={} in / {} out tokens, speed {}x (reconcile: 1x), seed {}\n\
+         of {}..={} in / {} out tokens, speed {}x{}, seed {}\n\
          double / missed: placements dpcoord counted twice (as pending and in a report) / nowhere, summed over \
          ranks, mean over the checks before each placement; max 2x / 0x: the most on one rank at one check\n\n{}\n",
         a.ranks,
@@ -148,6 +151,7 @@ pub fn pending(a: &SimArgs) -> Result<Outcome, SimError> {
         s.lengths.input.1,
         a.output_tokens,
         a.speed,
+        if a.daemon == DaemonMode::Threaded { " (reconcile: 1x)" } else { "" },
         a.seed,
         table(&results)
     );

@@ -81,7 +81,7 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
 /// Runs one arm; its result is labelled with the arm's name.
 pub fn run(a: &SimArgs, w: Workload, name: &str, frontends: u32, weights: CacheWeights) -> Result<ArmResult, SimError> {
     let (spec, settings) = arm(a, w, name, frontends, weights);
-    let mut r = run_arm(&spec, &settings, a.ttft)?;
+    let mut r = run_arm(&spec, &settings, a)?;
     r.policy = name.to_owned();
     Ok(r)
 }

@@ -8,6 +8,8 @@
 
 use super::model::{Micros, SimEngine};
 use super::net::{NetError, StatsPub};
+use super::stepped::{SourcePeer, Wiring};
+use crate::wire::SourceKind;
 
 /// SGLang re-sends an unchanged stat at most this often (virtual time).
 const HEARTBEAT: Micros = 1_000_000;
@@ -25,26 +27,22 @@ fn stat(e: &SimEngine) -> Stat {
 
 /// One engine's SGLang-style load PUB (bound by the engine, as SGLang's is).
 pub struct LoadPub {
-    sock: zmq::Socket,
+    peer: SourcePeer,
     seq: i64,
     last: Option<(Stat, Micros)>,
 }
 
 impl LoadPub {
-    pub fn bind(ctx: &zmq::Context, endpoint: &str) -> Result<LoadPub, NetError> {
-        let sock = ctx.socket(zmq::PUB)?;
-        sock.set_linger(0)?;
-        sock.set_sndhwm(100_000)?;
-        sock.bind(endpoint)?;
-        Ok(LoadPub { sock, seq: 0, last: None })
+    pub fn bind(wiring: &Wiring, endpoint: &str) -> Result<LoadPub, NetError> {
+        let peer = wiring.publisher(endpoint, SourceKind::SglangLoad, true, 100_000)?;
+        Ok(LoadPub { peer, seq: 0, last: None })
     }
 
     /// Sends rank `rank`'s stat: `[b"load", seq i64 BE, msgpack ["LoadStat", ...]]`.
     fn send(&mut self, rank: u32, s: Stat, now: Micros) -> Result<(), NetError> {
         let [running, waiting, kv, queued] = s;
         let load_stat = ("LoadStat", running, waiting, kv, KV_MAX, rank, queued, kv + queued, 256u64, 0u64, 0u64);
-        let frames = [b"load".to_vec(), self.seq.to_be_bytes().to_vec(), rmp_serde::to_vec(&load_stat)?];
-        self.sock.send_multipart(frames, zmq::DONTWAIT)?;
+        self.peer.send(&[b"load", &self.seq.to_be_bytes(), &rmp_serde::to_vec(&load_stat)?])?;
         self.seq += 1;
         self.last = Some((s, now));
         Ok(())

@@ -95,6 +95,36 @@ pub struct Recorder {
     pub late: u64,
     /// Per rank, `[prompt tokens, of them cached]` of the jobs it batched.
     pub hits: Vec<[u64; 2]>,
+    /// The rank that died, if one did.
+    pub death: Option<Death>,
+}
+
+/// A rank's death, when dpcoord showed it `down`, and the user placements
+/// dpcoord gave it after each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Death {
+    pub rank: u32,
+    pub at: Micros,
+    /// The first event at which dpcoord's `state` showed the rank `down`.
+    pub down_at: Option<Micros>,
+    pub after_death: u64,
+    pub after_down: u64,
+    /// The virtual time the run stopped.
+    pub ended: Micros,
+}
+
+impl Death {
+    pub fn new(rank: u32, at: Micros) -> Death {
+        Death { rank, at, down_at: None, after_death: 0, after_down: 0, ended: at }
+    }
+
+    /// dpcoord placed a user request on `rank`.
+    pub fn placed(&mut self, rank: u32) {
+        if rank == self.rank {
+            self.after_death += 1;
+            self.after_down += u64::from(self.down_at.is_some());
+        }
+    }
 }
 
 /// dpcoord's `pending` per rank against the truth, checked before each
@@ -180,6 +210,7 @@ impl Recorder {
             phases: phase::phases(self, makespan),
             pending: self.pending,
             late: self.late,
+            death: self.death,
         }
     }
 }
@@ -234,6 +265,7 @@ pub struct ArmResult {
     pub phases: Vec<Phase>,
     pub pending: PendingError,
     pub late: u64,
+    pub death: Option<Death>,
 }
 
 impl ArmResult {

@@ -13,13 +13,11 @@ use super::link::{Link, ProbeVia};
 use super::local::{accepted_policies, DaemonSettings, Local};
 use super::model::{Micros, SimEngine, DEFAULT_COST};
 use super::record::ArmResult;
+use super::stepped::{Core, Wiring};
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use super::{elastic, pending, prefix, report, svg, Scenario, SimArgs, SimError};
-
-/// dpcoord's `engines.down_after_ms` in the policy scenarios: wall time, so
-/// `speed` times as long in virtual time.
-const DOWN_AFTER_MS: u64 = 600;
+use super::{elastic, pending, prefix, report, svg, DaemonMode, Scenario, SimArgs, SimError};
+use crate::config::keys;
 
 /// One scenario's report and chart.
 pub struct Outcome {
@@ -87,18 +85,30 @@ pub(super) fn describe(a: &SimArgs, spec: &ArmSpec) -> String {
     )
 }
 
-/// Runs one arm on a fresh daemon.
-pub(super) fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, ttft: bool) -> Result<ArmResult, SimError> {
+/// Runs one arm on a fresh dpcoord (`--daemon` says which kind).
+pub(super) fn run_arm(spec: &ArmSpec, settings: &DaemonSettings, a: &SimArgs) -> Result<ArmResult, SimError> {
     let started = Instant::now();
-    let local = Local::start(settings, "sim")?;
     let via = spec.probe.map_or(ProbeVia::Health, |p| p.via);
-    let mut link = Link::open(&local.eps, spec.frontends, via, spec.engines(), spec.sync)?
-        .with_ttft(ttft)
-        .with_registry(local.registry.clone());
-    let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
-    let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
-    drop(link);
-    local.stop()?;
+    let result = match a.daemon {
+        DaemonMode::Stepped => {
+            let (core, eps) = Core::start(settings)?;
+            let mut link = Link::wire(Wiring::Stepped(core), &eps, spec.frontends, via, spec.engines(), spec.sync)?
+                .with_ttft(a.ttft);
+            let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
+            rec.summarize(&spec.name, &settings.policy, link.sync_timeouts)
+        }
+        DaemonMode::Threaded => {
+            let local = Local::start(settings, "sim")?;
+            let mut link = Link::open(&local.eps, spec.frontends, via, spec.engines(), spec.sync)?
+                .with_ttft(a.ttft)
+                .with_registry(local.registry.clone());
+            let rec = world::run(spec, &mut link, &AtomicBool::new(false), None)?;
+            let result = rec.summarize(&spec.name, &settings.policy, link.sync_timeouts);
+            drop(link);
+            local.stop()?;
+            result
+        }
+    };
     eprintln!("  ran {} ({}) in {:.1} s", spec.name, settings.policy, started.elapsed().as_secs_f32());
     Ok(result)
 }
@@ -117,7 +127,7 @@ fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
     ];
     let mut results = Vec::new();
     for (name, probe) in arms {
-        results.push(run_arm(&ArmSpec { probe, ..base(a, name, true) }, &settings, a.ttft)?);
+        results.push(run_arm(&ArmSpec { probe, ..base(a, name, true) }, &settings, a)?);
     }
     let title = "health-matrix: health probes off / on the health channel / mixed into the user route socket";
     let setup = describe(a, &base(a, "", true));
@@ -141,14 +151,7 @@ pub(super) fn policies(a: &SimArgs) -> Vec<String> {
 fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Result<Outcome, SimError> {
     let mut results = Vec::new();
     for policy in &policies(a) {
-        let settings = DaemonSettings {
-            stale_after_ms: 200,
-            down_after_ms: DOWN_AFTER_MS,
-            tick_ms: 20,
-            pending_ttl_ms: 1000,
-            ..DaemonSettings::defaults(a.ranks, policy)
-        };
-        results.push(run_arm(&spec, &settings, a.ttft)?);
+        results.push(run_arm(&spec, &DaemonSettings::defaults(a.ranks, policy), a)?);
     }
     let setup = describe(a, &spec);
     let mut text = format!("{name}: {title}\n{setup}\n\n{}\n{}", report::table(&results), report::probes(&results));
@@ -164,8 +167,69 @@ fn compare(a: &SimArgs, name: &'static str, title: &str, spec: ArmSpec) -> Resul
         report::best(&results, |r| r.input_tps().round()),
         report::best(&results, |r| -(r.ttft_p99 as f64))
     );
+    let broken = deaths(a, &results, &mut text);
     text.push_str(&report::caveats(&results));
-    Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text, broken: None })
+    Ok(Outcome { name, svg: svg::chart(&format!("{name}: {title}"), &results), text, broken })
+}
+
+/// When dpcoord showed the rank that died `down`, and the user placements
+/// it gave that rank after its death and after showing it down; a
+/// placement on a rank shown down breaks the run, as does a stepped run
+/// in which dpcoord never showed it down.
+fn deaths(a: &SimArgs, results: &[ArmResult], text: &mut String) -> Option<String> {
+    let died: Vec<_> = results.iter().filter_map(|r| r.death.map(|d| (r, d))).collect();
+    let (_, first) = died.first()?;
+    let _ = writeln!(
+        text,
+        "\nrank {} died at {:.2} s; a rank silent for engines.down_after_ms ({} ms) is down at the next tick \
+         (routing.tick_ms {} ms)\n{:<14}  {:>13}  {:>11}  {:>23}  {:>22}",
+        first.rank,
+        first.at as f64 / 1e6,
+        keys::DOWN_AFTER_MS.default,
+        keys::TICK_MS.default,
+        "policy",
+        "shown down at",
+        "after death",
+        "placements after death",
+        "after it showed down"
+    );
+    let mut broken = Vec::new();
+    for (r, d) in &died {
+        let (at, after) = match d.down_at {
+            Some(t) => (format!("{:.2} s", t as f64 / 1e6), format!("{:.2} s", (t - d.at) as f64 / 1e6)),
+            None => ("never".to_owned(), "-".to_owned()),
+        };
+        let _ = writeln!(text, "{:<14}  {at:>13}  {after:>11}  {:>23}  {:>22}", r.policy, d.after_death, d.after_down);
+        if d.after_down > 0 {
+            broken.push(format!(
+                "{}: {} placements on rank {} after dpcoord showed it down",
+                r.policy, d.after_down, d.rank
+            ));
+        }
+        // Its last stats came at most one heartbeat before it died.
+        let due = d.at + (keys::DOWN_AFTER_MS.default + keys::TICK_MS.default) * 1000 + world::BEAT;
+        match d.down_at {
+            None if a.daemon == DaemonMode::Threaded => {}
+            None if d.ended < due => {
+                let _ =
+                    writeln!(text, "(the run ended {:.2} s after rank {} died)", (d.ended - d.at) as f64 / 1e6, d.rank);
+            }
+            None => broken.push(format!("{}: dpcoord never showed rank {} down", r.policy, d.rank)),
+            Some(t) if t > due => {
+                broken.push(format!(
+                    "{}: dpcoord showed rank {} down only {:.2} s after it died",
+                    r.policy,
+                    d.rank,
+                    (t - d.at) as f64 / 1e6
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for b in &broken {
+        let _ = writeln!(text, "{b}");
+    }
+    (!broken.is_empty()).then(|| broken.join("; "))
 }
 
 fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
@@ -177,13 +241,16 @@ fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let rank = 3 % a.ranks;
     let at = nominal_us(a) * 3 / 10;
     let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank", true) };
-    let seen = match a.speed {
-        x if x > 0.0 => format!("{:.1} s later", DOWN_AFTER_MS as f64 / 1000.0 * x),
-        _ => "maybe never in an unpaced run".to_owned(),
+    let down = keys::DOWN_AFTER_MS.default;
+    let seen = match (a.daemon, a.speed) {
+        (DaemonMode::Stepped, _) => format!("{down} ms of virtual time"),
+        (DaemonMode::Threaded, x) if x > 0.0 => {
+            format!("{down} ms of wall time, {:.1} s of virtual time", down as f64 / 1000.0 * x)
+        }
+        (DaemonMode::Threaded, _) => format!("{down} ms of wall time, maybe never in an unpaced run"),
     };
     let title = format!(
-        "rank {rank} dies at {:.1} s and its requests are retried; dpcoord sees it down \
-         (down_after_ms {DOWN_AFTER_MS} of wall time) {seen}",
+        "rank {rank} dies at {:.1} s and its requests are retried; dpcoord sees it down after {seen}",
         at as f64 / 1e6
     );
     compare(a, "dead-rank", &title, spec)

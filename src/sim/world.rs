@@ -3,11 +3,12 @@
 //! Events (step ends, arrivals, retries, probes, a rank's death, the
 //! operator's resizes of dpcoord's table, samples, requests reaching their
 //! engine after a hop, SGLang load publishers' calls) are taken in virtual-time order from one queue on one thread, so the
-//! order of every query sent to dpcoord follows from the model alone: with
-//! `round_robin`, a run is exactly reproducible. Pacing maps virtual time to
-//! wall time (`speed` virtual seconds per real second, 0 = as fast as
-//! possible), which matters where dpcoord measures real time: liveness,
-//! `pending_ttl_ms`, `pending_transit_ms`, penalties.
+//! order of every query sent to dpcoord follows from the model alone. With
+//! a stepped coordinator (`stepped`), dpcoord's clock is the run's virtual
+//! time too, so every run repeats exactly. Pacing maps virtual time to wall
+//! time (`speed` virtual seconds per real second, 0 = as fast as possible),
+//! which only matters to a daemon on its own thread: it measures liveness,
+//! `pending_ttl_ms`, `pending_transit_ms` and penalties in wall time.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -25,7 +26,7 @@ use super::model::{Advance, Job, Micros};
 use super::net::{Answer, NetError};
 use super::oracle;
 use super::prompts::Source;
-use super::record::{bump, Live, Recorder, Request};
+use super::record::{bump, Death, Live, Recorder, Request};
 pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
 use super::workload::{Frontend, Load};
 
@@ -33,6 +34,9 @@ use super::workload::{Frontend, Load};
 const RETRY_AFTER: Micros = 50_000;
 /// A paced event handled this long after its wall-clock due time is counted late.
 const LATE: Duration = Duration::from_millis(4);
+/// Under a stepped coordinator, every live engine re-sends its stats this
+/// often (virtual time), so an idle rank stays `up`.
+pub const BEAT: Micros = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -47,6 +51,8 @@ enum Event {
     Deliver(u64, u32),
     /// The SGLang load publishers' throttled call.
     Publish,
+    /// Engines' heartbeat (stepped coordinator only).
+    Beat,
 }
 
 struct World<'a> {
@@ -120,14 +126,17 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         }
         w.pace(start, at, stop)?;
         w.now = at;
+        w.link.set_now(at);
         w.handle(event)?;
         w.start_steps()?;
+        w.watch_death()?;
         w.link.heartbeat(&w.cluster.engines)?;
         if let Some(live) = w.live {
             live.now_us.store(at, Ordering::Relaxed);
         }
     }
     w.sample();
+    w.rec.death = w.rec.death.map(|d| Death { ended: w.now, ..d });
     w.rec.prefilled = w.cluster.prefilled();
     w.rec.hits = w.cluster.engines.iter().map(|e| e.hits).collect();
     Ok(w.rec)
@@ -167,6 +176,9 @@ impl World<'_> {
         if self.spec.handoff.grid > 0 {
             self.at(self.spec.handoff.grid / 2, Event::Publish);
         }
+        if self.link.is_stepped() {
+            self.at(BEAT, Event::Beat);
+        }
     }
 
     fn all_done(&self) -> bool {
@@ -181,7 +193,9 @@ impl World<'_> {
             return Ok(());
         }
         let due = start + Duration::from_secs_f64(at as f64 / 1e6 / self.spec.speed);
-        self.rec.late += u64::from(Instant::now().saturating_duration_since(due) > LATE);
+        // Lateness only matters to a daemon on the wall clock.
+        let late = Instant::now().saturating_duration_since(due) > LATE && !self.link.is_stepped();
+        self.rec.late += u64::from(late);
         loop {
             let now = Instant::now();
             if now >= due || stop.load(Ordering::Relaxed) {
@@ -199,6 +213,7 @@ impl World<'_> {
             Event::Retry(id) => self.dispatch(id),
             Event::Probe => self.probe(),
             Event::Kill(rank) => {
+                self.rec.death = Some(Death::new(rank, self.now));
                 self.link.kill(rank);
                 for job in self.cluster.kill(rank) {
                     self.at(self.now + RETRY_AFTER, Event::Retry(job.id));
@@ -217,7 +232,21 @@ impl World<'_> {
                 self.at(self.now + self.spec.handoff.grid, Event::Publish);
                 Ok(())
             }
+            Event::Beat => {
+                self.link.beat(&self.cluster.engines)?;
+                self.at(self.now + BEAT, Event::Beat);
+                Ok(())
+            }
         }
+    }
+
+    /// Until dpcoord shows the rank that died `down`, looks at its status.
+    fn watch_death(&mut self) -> Result<(), NetError> {
+        let Some(rank) = self.rec.death.filter(|d| d.down_at.is_none()).map(|d| d.rank) else { return Ok(()) };
+        if self.link.statuses()?.get(rank as usize).is_some_and(|s| s == "down") {
+            self.rec.death = self.rec.death.map(|d| Death { down_at: Some(self.now), ..d });
+        }
+        Ok(())
     }
 
     /// The operator resizes dpcoord's table; ranks it removed drain, then stop.
@@ -320,9 +349,13 @@ impl World<'_> {
             _ => None,
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
+        self.watch_death()?;
         match self.link.route(f as usize, prompt, tokens, pin)? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
+                if let Some(d) = &mut self.rec.death {
+                    d.placed(rank);
+                }
                 let (lo, hi) = self.spec.handoff.transit;
                 if hi == 0 {
                     return self.deliver(id, rank);
