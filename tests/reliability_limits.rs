@@ -18,6 +18,8 @@ use serde_json::{json, Value};
 
 /// The limit these tests configure (the smallest allowed is 256).
 const LIMIT: usize = 1024;
+/// libzmq's own limit on the bound sockets: the configured one plus 64 KiB.
+const BACKSTOP: usize = LIMIT + (64 << 10);
 
 /// `pairs` plus a binary `pad` making the encoding exactly `len` bytes.
 fn padded(pairs: &[(&str, M)], len: usize) -> Vec<u8> {
@@ -26,7 +28,8 @@ fn padded(pairs: &[(&str, M)], len: usize) -> Vec<u8> {
         p.push(("pad", M::Binary(vec![7; n])));
         map(&p)
     };
-    let overhead = with(300).len() - 300;
+    // Measured at `len`: the pad's header grows past 255 and 65,535 bytes.
+    let overhead = with(len).len() - len;
     let out = with(len - overhead);
     assert_eq!(out.len(), len);
     out
@@ -53,7 +56,8 @@ fn a_configured_max_message_bytes_is_enforced_on_route_health_and_stats() {
     let seq = d.bring_up(&p, &[0]);
     let ping = [("v", M::from(1)), ("op", M::from("ping")), ("id", M::from("edge"))];
     for c in [d.client(), d.health_client()] {
-        assert_eq!(c.call_raw(&padded(&ping, LIMIT)), json!({"v": 1, "ok": true, "id": "edge", "epoch": 1}));
+        let pong = json!({"v": 1, "ok": true, "id": "edge", "epoch": 1, "instance": d.state()["instance"]});
+        assert_eq!(c.call_raw(&padded(&ping, LIMIT)), pong);
         let r = c.call_raw(&padded(&ping, LIMIT + 1));
         assert_eq!((&r["error"]["code"], &r["id"]), (&json!("too_large"), &json!("edge")), "{r}");
     }
@@ -71,10 +75,10 @@ fn a_configured_max_message_bytes_is_enforced_on_route_health_and_stats() {
     p.send(&update(0, 1, seq + 1, [2, 0, 0, 0, 0]));
     d.await_counts(0, [2, 0, 0, 0, 0]);
     assert_eq!(malformed(&d), before + 1.0);
-    // Beyond libzmq's backstop (16 x the limit) the publisher's connection is
+    // Beyond libzmq's backstop (the limit + 64 KiB) the publisher's connection is
     // closed without dpcoord seeing the update (not counted); the publisher
     // reconnects by itself and later updates apply.
-    p.send_raw(&padded(&stats(seq + 200, 9), 16 * LIMIT + 1));
+    p.send_raw(&padded(&stats(seq + 200, 9), BACKSTOP + 1));
     d.publish_until_shown(p.socket(), 0, &mut (seq + 2), [3, 0, 0, 0, 0]);
     assert_eq!(malformed(&d), before + 1.0);
 }
@@ -168,14 +172,14 @@ fn a_stats_allowlist_guards_the_bind_and_not_the_engines_dpcoord_connects_to() {
 
 #[test]
 fn a_query_beyond_the_libzmq_backstop_costs_only_its_sender_the_connection() {
-    // The decoder answers `too_large` up to 16 x max_message_bytes; beyond
+    // The decoder answers `too_large` up to max_message_bytes + 64 KiB; beyond
     // that libzmq drops the connection without reading the query, so there
     // is no reply to it (a REQ peer would wait forever: the documented limit).
     let dir = tempfile::tempdir().unwrap();
     let d = limited(&dir, &[]);
     let bystander = d.client();
     let s = d.socket(zmq::DEALER, &d.route);
-    let huge = padded(&[("v", M::from(1)), ("op", M::from("ping")), ("id", M::from("huge"))], 16 * LIMIT + 1);
+    let huge = padded(&[("v", M::from(1)), ("op", M::from("ping")), ("id", M::from("huge"))], BACKSTOP + 1);
     s.send_multipart([&b""[..], &huge[..]], 0).unwrap();
     assert_eq!(bystander.call(json!({"v": 1, "op": "ping", "id": 1}))["id"], json!(1));
     // The DEALER reconnects by itself; pings sent meanwhile may be lost, so

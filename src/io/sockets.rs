@@ -2,9 +2,12 @@
 //! in-process PULL among them), the route and health ROUTERs, and the ZAP
 //! handler behind peer allowlists.
 
+use std::cell::Cell;
+
 use super::scrape;
+use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
 use crate::config::{Config, Server};
-use crate::wire::SourceKind;
+use crate::wire::{Channel, QueryLimits, SourceKind};
 
 /// How long close waits to flush replies already queued.
 const LINGER_MS: i32 = 1000;
@@ -15,9 +18,29 @@ const LINGER_MS: i32 = 1000;
 const SOURCE_HWM: i32 = 10_000;
 /// KV event batches can be megabytes each: fewer of them queue.
 const KV_HWM: i32 = 1000;
-/// Per peer, each way. A REQ peer has one reply outstanding, so its replies
-/// are never dropped; only a DEALER with this many unread replies loses more.
-const QUERY_HWM: i32 = 1000;
+/// libzmq's high-water marks count messages, not bytes; dpcoord derives
+/// them from byte budgets and the largest message a queue can hold, within
+/// these bounds (a mark of 0 would mean no limit).
+const MIN_HWM: usize = 1;
+const MAX_QUERY_HWM: usize = 1000;
+/// Bytes of replies queued for one peer of the route or health socket: a
+/// peer that never reads costs at most this (plus the kernel's socket buffers).
+pub const PEER_REPLY_BYTES: usize = 2 << 20;
+/// Bytes of messages one peer of a bound socket may have queued for dpcoord
+/// to read. A full queue stops libzmq reading that peer's connection (the
+/// peer waits, nothing is lost), so this bounds memory, not traffic.
+pub const PEER_INBOUND_BYTES: usize = 8 << 20;
+/// The least a full inbound queue holds, whatever the message size.
+const MIN_INBOUND_HWM: usize = 16;
+/// What libzmq keeps per queued frame beyond its bytes (the message in the
+/// pipe and the header of its heap buffer), rounded up.
+const FRAME_OVERHEAD: usize = 128;
+/// What a reply's echoed envelope and delimiter add at most, with overheads.
+const ENVELOPE_ALLOWANCE: usize =
+    MAX_ENVELOPE_FRAMES * (MAX_ENVELOPE_FRAME_BYTES + FRAME_OVERHEAD) + 2 * FRAME_OVERHEAD;
+/// How far above `max_message_bytes` libzmq itself still reads a frame
+/// (so a query a little too large is answered `too_large`).
+const BACKSTOP_SLACK: i64 = 64 << 10;
 /// libzmq's fixed ZAP endpoint.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
@@ -58,7 +81,24 @@ pub struct Sockets {
     pub health: zmq::Socket,
     /// The ZAP handler, asked about every new peer of the bound sockets.
     pub zap: zmq::Socket,
+    /// The `(dp_size, max_batch)` the reply queues were sized for.
+    sized: Cell<(u32, u32)>,
     ctx: zmq::Context,
+}
+
+/// The send high-water mark of a query socket whose largest reply is
+/// `max_reply` bytes: [`PEER_REPLY_BYTES`] divided by the largest message
+/// (reply, echoed envelope, overheads), within 1..=1000.
+pub fn reply_hwm(max_reply: usize) -> i32 {
+    let message = max_reply + ENVELOPE_ALLOWANCE + FRAME_OVERHEAD;
+    (PEER_REPLY_BYTES / message).clamp(MIN_HWM, MAX_QUERY_HWM) as i32
+}
+
+/// The receive high-water mark of a bound socket whose frames libzmq caps
+/// at `backstop` bytes: [`PEER_INBOUND_BYTES`] divided by it, within
+/// 16..=`most`.
+fn inbound_hwm(backstop: i64, most: usize) -> i32 {
+    (PEER_INBOUND_BYTES / backstop.max(1) as usize).clamp(MIN_INBOUND_HWM, most) as i32
 }
 
 /// Asks libzmq to consult the ZAP handler for this bound socket's peers.
@@ -68,22 +108,25 @@ fn guard(s: &zmq::Socket, name: &'static str) -> Result<(), TransportError> {
     s.set_zap_domain(name).map_err(sock_err(name))
 }
 
-/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`) on the bound sockets, far
-/// above `max_message_bytes`, which dpcoord enforces itself: a frame over it
-/// is a protocol error that closes the peer's link without a reply (the peer
-/// reconnects by itself).
+/// libzmq's own size limit (`ZMQ_MAXMSGSIZE`, per frame) on the bound
+/// sockets: `max_message_bytes`, which dpcoord enforces itself, plus 64 KiB.
+/// A frame over it is a protocol error that closes the peer's link without
+/// a reply (the peer reconnects by itself); it bounds what dpcoord reads.
 fn backstop(cfg: &Config) -> i64 {
-    (cfg.settings.limits.max_message_bytes as i64).saturating_mul(16)
+    (cfg.settings.limits.max_message_bytes as i64).saturating_add(BACKSTOP_SLACK)
 }
 
-fn router(ctx: &zmq::Context, name: &'static str, ep: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
+fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
+    let name = ch.as_str();
     let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
     guard(&s, name)?;
-    // The decoder answers `too_large`; libzmq's limit only stops abuse far above it.
+    // The decoder answers `too_large`; libzmq's limit stops what is far above it.
     s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
     s.set_linger(LINGER_MS).map_err(sock_err(name))?;
-    s.set_rcvhwm(QUERY_HWM).map_err(sock_err(name))?;
-    s.set_sndhwm(QUERY_HWM).map_err(sock_err(name))?;
+    s.set_rcvhwm(inbound_hwm(backstop(cfg), MAX_QUERY_HWM)).map_err(sock_err(name))?;
+    let lim = &cfg.settings.limits;
+    let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_size, lim.max_batch);
+    s.set_sndhwm(reply_hwm(max_reply)).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
     crate::io::ipc::set_mode(&s, cfg.server.ipc_mode)?;
@@ -135,6 +178,7 @@ fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportErr
         let s = subscriber(ctx, "stats")?;
         guard(&s, "stats")?;
         s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
+        s.set_rcvhwm(inbound_hwm(backstop(cfg), SOURCE_HWM as usize)).map_err(sock_err("stats"))?;
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
         crate::io::ipc::set_mode(&s, srv.ipc_mode)?;
         sources.push(Source { socket: s, kind: SourceKind::Stats });
@@ -185,9 +229,25 @@ impl Sockets {
         let zap = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
         zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
         let sources = sources(&ctx, cfg)?;
-        let route = router(&ctx, "route", &srv.route_bind, cfg)?;
-        let health = router(&ctx, "health", &srv.health_bind, cfg)?;
-        Ok(Sockets { sources, route, health, zap, ctx })
+        let route = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
+        let health = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
+        let sized = Cell::new((cfg.settings.engines.dp_size, cfg.settings.limits.max_batch));
+        Ok(Sockets { sources, route, health, zap, sized, ctx })
+    }
+
+    /// Sizes the route and health send queues again when the rank count or
+    /// `max_batch` changed (a `resize` or a reload): libzmq applies a new
+    /// high-water mark to the peers already connected too.
+    pub fn fit_reply_queues(&self, lim: &QueryLimits) -> Result<(), TransportError> {
+        if self.sized.get() == (lim.dp_size, lim.max_batch) {
+            return Ok(());
+        }
+        for (s, ch) in [(&self.route, Channel::Route), (&self.health, Channel::Health)] {
+            let hwm = reply_hwm(crate::wire::max_reply_bytes(ch, lim.dp_size, lim.max_batch));
+            s.set_sndhwm(hwm).map_err(sock_err(ch.as_str()))?;
+        }
+        self.sized.set((lim.dp_size, lim.max_batch));
+        Ok(())
     }
 
     /// The sockets' context, for in-process peers (the scraper).

@@ -13,10 +13,8 @@ use super::zap;
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
 use crate::wire::{Channel, SourceKind};
+use frames::{Drops, Frames, Parsed};
 
-/// Frames kept of one message (a query's envelope and body, or a source
-/// message); more is refused whole.
-const MAX_FRAMES: usize = 8;
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
 const BATCH: usize = 256;
@@ -33,70 +31,31 @@ const STOP_QUIET: Duration = Duration::from_millis(100);
 /// pause cannot hold shutdown open; with the sockets' linger, under the 2 s promise.
 const STOP_BUDGET: Duration = Duration::from_millis(500);
 
-/// Reusable frames of one multipart request.
-struct Frames {
-    frames: Vec<zmq::Message>,
-    len: usize,
-    overflow: bool,
-    reply: Vec<u8>,
-}
-
-impl Frames {
-    fn new() -> Self {
-        Frames {
-            frames: (0..MAX_FRAMES).map(|_| zmq::Message::new()).collect(),
-            len: 0,
-            overflow: false,
-            reply: Vec::with_capacity(4096),
-        }
-    }
-
-    /// Receives one whole multipart message; `false` when none is waiting.
-    fn recv(&mut self, s: &zmq::Socket) -> Result<bool, zmq::Error> {
-        self.len = 0;
-        self.overflow = false;
-        let mut scratch = zmq::Message::new();
-        loop {
-            let flags = if self.len == 0 { zmq::DONTWAIT } else { 0 };
-            let msg = if self.len < MAX_FRAMES { &mut self.frames[self.len] } else { &mut scratch };
-            match s.recv(msg, flags) {
-                Ok(()) => {}
-                Err(zmq::Error::EAGAIN) if self.len == 0 => return Ok(false),
-                Err(e) => return Err(e),
-            }
-            let more = msg.get_more();
-            if self.len < MAX_FRAMES {
-                self.len += 1;
-            } else {
-                self.overflow = true;
-            }
-            if !more {
-                return Ok(true);
-            }
-        }
-    }
-
-    /// Splits at the first empty frame after the identity (REQ, or DEALER
-    /// with a delimiter); without one, the envelope is the identity alone.
-    fn split(&self) -> (usize, &[zmq::Message]) {
-        let got = &self.frames[..self.len];
-        let env = got.iter().skip(1).position(|f| f.is_empty()).map_or(1, |i| i + 2);
-        (env.min(got.len()), &got[env.min(got.len())..])
-    }
-}
-
-fn serve_one(s: &zmq::Socket, ch: Channel, f: &mut Frames, coord: &mut Coordinator) -> Result<bool, zmq::Error> {
+/// Receives one query and answers it, or drops it when its envelope
+/// breaks a bound; `false` when none was waiting.
+fn serve_one(s: &zmq::Socket, ch: Channel, q: &mut Queries<'_>) -> Result<bool, zmq::Error> {
+    let Queries { frames: f, coord, drops } = q;
     if !f.recv(s)? {
         return Ok(false);
     }
     let now = Instant::now();
     let mut reply = std::mem::take(&mut f.reply);
-    let (env, body) = f.split();
-    match body {
-        [payload] if !f.overflow => coord.on_query(ch, payload, now, &mut reply),
-        _ => coord.on_bad_frames(ch, body.len(), now, &mut reply),
-    }
-    for frame in &f.frames[..env] {
+    let envelope = match f.parse() {
+        Parsed::Drop(why, size) => {
+            drops.count(ch, why, size, now);
+            f.reply = reply;
+            return Ok(true);
+        }
+        Parsed::Query { envelope, body: [payload], frames: 1 } => {
+            coord.on_query(ch, payload, now, &mut reply);
+            envelope
+        }
+        Parsed::Query { envelope, frames, .. } => {
+            coord.on_bad_frames(ch, frames, now, &mut reply);
+            envelope
+        }
+    };
+    for frame in envelope {
         s.send(&frame[..], zmq::SNDMORE | zmq::DONTWAIT)?;
     }
     if let Err(e) = s.send(&reply[..], zmq::DONTWAIT) {
@@ -107,17 +66,19 @@ fn serve_one(s: &zmq::Socket, ch: Channel, f: &mut Frames, coord: &mut Coordinat
     Ok(true)
 }
 
-/// The frames of the message just received, or `None` when there were more than kept.
-impl Frames {
-    fn whole(&self) -> Option<&[zmq::Message]> {
-        (!self.overflow).then(|| &self.frames[..self.len])
-    }
+/// What answering queries needs: the receive buffer, the coordinator, and
+/// the count of dropped queries.
+struct Queries<'a> {
+    frames: Frames,
+    coord: &'a mut Coordinator,
+    drops: Drops,
 }
 
 /// Reads a source until EAGAIN; `true` when the batch limit stopped it
 /// first. A KV event batch can hold thousands of blocks, so KV sources
 /// also stop after [`KV_BUDGET`] of work, and queries are served between.
-fn drain_source(src: &Source, f: &mut Frames, coord: &mut Coordinator) -> Result<bool, zmq::Error> {
+fn drain_source(src: &Source, q: &mut Queries<'_>) -> Result<bool, zmq::Error> {
+    let Queries { frames: f, coord, .. } = q;
     let started = Instant::now();
     let budgeted = matches!(src.kind, SourceKind::KvEvents { .. });
     for _ in 0..BATCH {
@@ -133,16 +94,10 @@ fn drain_source(src: &Source, f: &mut Frames, coord: &mut Coordinator) -> Result
 }
 
 /// Answers queries until EAGAIN; `true` when `limit` stopped it first.
-fn drain_queries(
-    s: &zmq::Socket,
-    ch: Channel,
-    f: &mut Frames,
-    coord: &mut Coordinator,
-    limit: usize,
-) -> Result<bool, TransportError> {
+fn drain_queries(s: &zmq::Socket, ch: Channel, q: &mut Queries<'_>, limit: usize) -> Result<bool, TransportError> {
     let name = ch.as_str();
     for _ in 0..limit {
-        if !serve_one(s, ch, f, coord).map_err(sock_err(name))? {
+        if !serve_one(s, ch, q).map_err(sock_err(name))? {
             return Ok(false);
         }
     }
@@ -194,16 +149,11 @@ impl Polled<'_> {
     }
 
     /// Serves what is waiting; `true` when the batch limit stopped it first.
-    fn drain(
-        &self,
-        f: &mut Frames,
-        coord: &mut Coordinator,
-        zap_log: &mut LogLimiter<3>,
-    ) -> Result<bool, TransportError> {
+    fn drain(&self, q: &mut Queries<'_>, zap_log: &mut LogLimiter<3>) -> Result<bool, TransportError> {
         let served = match *self {
-            Polled::Zap(z) => zap::drain(z, coord, zap_log),
-            Polled::Source(src) => drain_source(src, f, coord),
-            Polled::Query(s, ch) => return drain_queries(s, ch, f, coord, BATCH),
+            Polled::Zap(z) => zap::drain(z, q.coord, zap_log),
+            Polled::Source(src) => drain_source(src, q),
+            Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
         };
         served.map_err(sock_err(self.name()))
     }
@@ -230,12 +180,15 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
     for p in &polled {
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
-    let mut frames = Frames::new();
+    let drops = Drops::new(&coord.metrics().registry);
+    let mut q = Queries { frames: Frames::new(), coord, drops };
     let mut asks = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
     let mut zap_log = LogLimiter::<3>::default();
     while !control.stop.load(Ordering::Relaxed) {
+        let coord = &mut *q.coord;
+        sockets.fit_reply_queues(coord.query_limits())?;
         let now = Instant::now();
         if control.reload.swap(false, Ordering::Relaxed) {
             // Counted and logged by the coordinator; a refusal changes nothing.
@@ -258,10 +211,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         let timed_out = wait > 0 && !signalled;
         for (i, p) in polled.iter().enumerate() {
             if unfinished[i] || timed_out || items[i].is_readable() {
-                unfinished[i] = p.drain(&mut frames, coord, &mut zap_log)?;
+                unfinished[i] = p.drain(&mut q, &mut zap_log)?;
             }
         }
-        coord.take_replay_asks(&mut asks);
+        q.coord.take_replay_asks(&mut asks);
         for (stream, from) in asks.drain(..) {
             ask_replay(sources, stream, from);
         }
@@ -274,7 +227,7 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
     let mut items = [route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
     loop {
         for (s, ch) in [(route, Channel::Route), (health, Channel::Health)] {
-            while serve_one(s, ch, &mut frames, coord).map_err(sock_err(ch.as_str()))? {
+            while serve_one(s, ch, &mut q).map_err(sock_err(ch.as_str()))? {
                 quiet_since = Instant::now();
             }
         }
@@ -288,3 +241,6 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         }
     }
 }
+
+#[path = "frames.rs"]
+pub(super) mod frames;

@@ -55,6 +55,8 @@ pub struct Coordinator {
     placed: Vec<u32>,
     /// The engine table as of the last tick, for readers on other threads.
     published: Arc<Published>,
+    /// This process's identity, shown by `ping` and `state`.
+    instance: wire::Instance,
 }
 
 fn limits(s: &Settings) -> QueryLimits {
@@ -100,6 +102,7 @@ impl Coordinator {
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
             published: Arc::new(Published::default()),
+            instance: wire::Instance::random(),
         };
         c.published.set(c.state_view(now));
         c
@@ -116,6 +119,11 @@ impl Coordinator {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The limits queries are checked against (they change on `resize` and `reload`).
+    pub fn query_limits(&self) -> &QueryLimits {
+        &self.limits
     }
 
     /// The KV-event publishers, in `kv_events.connect` order: a KV
@@ -267,7 +275,7 @@ impl Coordinator {
     fn refuse(&self, id: Option<Id<'_>>, e: &WireError, out: &mut Vec<u8>) {
         tracing::debug!(code = e.code.as_str(), message = %e.message, "query refused");
         self.metrics.error(e.code);
-        wire::encode_error(out, id, e);
+        wire::encode_error(out, id, Some(self.engines.epoch()), e);
     }
 
     /// Places one decoded route request: its ranks land in `out`. On error
@@ -303,7 +311,7 @@ impl Coordinator {
     ) -> Result<(), WireError> {
         let epoch = self.engines.epoch();
         match op {
-            RouteOp::Ping => wire::encode_ok(out, id, Some(epoch)),
+            RouteOp::Ping => wire::encode_ping(out, id, epoch, self.instance),
             RouteOp::State => wire::encode_state(out, id, &self.state_view(now)),
             RouteOp::Route(req) => {
                 let mut placed = std::mem::take(&mut self.placed);
@@ -332,7 +340,7 @@ impl Coordinator {
     ) -> Result<(), WireError> {
         let epoch = self.engines.epoch();
         match op {
-            HealthOp::Ping => wire::encode_ok(out, id, Some(epoch)),
+            HealthOp::Ping => wire::encode_ping(out, id, epoch, self.instance),
             HealthOp::State => wire::encode_state(out, id, &self.state_view(now)),
             HealthOp::Probe(probe) => match self.health.serve(probe, self.engines.health_handle(), now)? {
                 Served::Routed(rank) => {
@@ -374,7 +382,7 @@ impl Coordinator {
 
     /// The engine table as the `state` op and `/state` show it.
     pub fn state_view(&self, now: Instant) -> wire::StateView {
-        super::export::state_view(&self.engines, &self.user, self.kv.index(), now)
+        super::export::state_view(&self.engines, &self.user, self.kv.index(), self.instance, now)
     }
 }
 

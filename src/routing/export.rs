@@ -8,7 +8,7 @@ use crate::engines::kv::Medium;
 use crate::engines::prefix::PrefixIndex;
 use crate::engines::EngineTable;
 use crate::observability::metrics::Metrics;
-use crate::wire::{RankView, StateView};
+use crate::wire::{Instance, RankView, StateView};
 
 /// Engines may report anything up to u64::MAX: saturate, never wrap.
 fn gauge(v: u64) -> i64 {
@@ -37,7 +37,13 @@ pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Met
 }
 
 /// The engine table with dpcoord's own books beside each rank.
-pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, kv: &PrefixIndex, now: Instant) -> StateView {
+pub(super) fn state_view(
+    engines: &EngineTable,
+    user: &UserDispatcher,
+    kv: &PrefixIndex,
+    instance: Instance,
+    now: Instant,
+) -> StateView {
     let ranks = engines
         .iter()
         .enumerate()
@@ -61,5 +67,6 @@ pub(super) fn state_view(engines: &EngineTable, user: &UserDispatcher, kv: &Pref
             }
         })
         .collect();
-    StateView { epoch: engines.epoch(), policy: user.policy().as_str(), ranks, kv_block_size: kv.block_size() }
+    let (epoch, policy, kv_block_size) = (engines.epoch(), user.policy().as_str(), kv.block_size());
+    StateView { epoch, instance, policy, ranks, kv_block_size }
 }

@@ -4,6 +4,7 @@
 //! holds no state: the transport hands it frames, it hands back typed
 //! queries and engine events, and the coordinator hands it answers.
 
+mod bounds;
 mod kv_events;
 pub mod msgpack;
 mod prompt;
@@ -15,6 +16,7 @@ mod stats;
 mod vllm_metrics;
 
 pub use crate::engines::Target;
+pub use bounds::max_reply_bytes;
 pub use kv_events::{decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError};
 pub use prompt::{Prompt, TOKENS_PER_KEY};
 pub use query::{
@@ -22,8 +24,8 @@ pub use query::{
     RouteRequest,
 };
 pub use reply::{
-    encode_admin, encode_error, encode_health_rank, encode_ok, encode_prefix, encode_ranks, encode_state, RankView,
-    StateView,
+    encode_admin, encode_error, encode_health_rank, encode_ok, encode_ping, encode_prefix, encode_ranks, encode_state,
+    Instance, RankView, StateView,
 };
 pub use sglang::{decode_sglang_load, SglangError};
 pub use source::{decode_source, SourceError, SourceKind, SourceLimits};

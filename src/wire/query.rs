@@ -14,6 +14,11 @@ use crate::engines::Target;
 
 /// The largest rank count a `resize` may ask for (`engines.dp_size`'s bound).
 const MAX_DP_SIZE: u32 = DP_SIZE.max as u32;
+/// The longest string `id`, in bytes: an id is echoed in its reply, so its
+/// size bounds what a peer that never reads can make dpcoord hold.
+pub const MAX_ID_BYTES: usize = 128;
+/// How much of a peer's op name an error message quotes.
+const SHOWN_OP_BYTES: usize = 64;
 
 /// Which socket a query arrived on; decides which ops are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +130,10 @@ fn bad(message: impl Into<String>) -> WireError {
     WireError::new(ErrorCode::BadRequest, message)
 }
 
-fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
+/// Reads the map into `f`. On an error, `f` keeps what was read before
+/// it, so the refusal can still carry the `id`; a non-string key is skipped
+/// (with its value) and reported once the map has been read to its end.
+fn read_fields<'a>(bytes: &'a [u8], f: &mut Fields<'a>) -> Result<(), WireError> {
     let mut r = Reader::new(bytes);
     let undecodable = |e| bad(format!("query is not valid MessagePack: {e}"));
     let len = match r.read().map_err(undecodable)? {
@@ -134,11 +142,17 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
             return Err(bad(format!("query must be a MessagePack map with string keys, got {}", other.type_name())))
         }
     };
-    let mut f = Fields::default();
+    let mut odd_key = None;
     for _ in 0..len {
         let key = match r.read().map_err(undecodable)? {
             Value::Str(k) => k,
-            other => return Err(bad(format!("map keys must be strings, got {}", other.type_name()))),
+            other => {
+                r.skip_rest(other).map_err(undecodable)?;
+                let value = r.read().map_err(undecodable)?;
+                r.skip_rest(value).map_err(undecodable)?;
+                odd_key.get_or_insert(other.type_name());
+                continue;
+            }
         };
         let start = r.position();
         let value = r.read().map_err(undecodable)?;
@@ -178,10 +192,13 @@ fn read_fields(bytes: &[u8]) -> Result<Fields<'_>, WireError> {
         };
         *slot = (value != Value::Nil).then_some(value);
     }
+    if let Some(kind) = odd_key {
+        return Err(bad(format!("map keys must be strings, got {kind}")));
+    }
     if !r.at_end() {
         return Err(bad("trailing bytes after the query map"));
     }
-    Ok(f)
+    Ok(())
 }
 
 fn uint(name: &str, v: Value<'_>) -> Result<u64, WireError> {
@@ -194,7 +211,10 @@ fn uint(name: &str, v: Value<'_>) -> Result<u64, WireError> {
 fn decode_id(v: Option<Value<'_>>) -> Result<Option<Id<'_>>, WireError> {
     match v {
         None => Ok(None),
-        Some(Value::Str(s)) => Ok(Some(Id::Str(s))),
+        Some(Value::Str(s)) if s.len() <= MAX_ID_BYTES => Ok(Some(Id::Str(s))),
+        Some(Value::Str(s)) => {
+            Err(bad(format!("`id` is a string of {} bytes; at most {MAX_ID_BYTES} are allowed", s.len())))
+        }
         Some(Value::Int(i)) => i64::try_from(i)
             .map(Id::Int)
             .or_else(|_| u64::try_from(i).map(Id::UInt))
@@ -290,12 +310,25 @@ fn wrong_socket(name: &str, on: Channel, served_on: Channel) -> WireError {
     )
 }
 
+/// A peer's op name as an error message quotes it: at most
+/// [`SHOWN_OP_BYTES`], so a refusal never echoes a long string.
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= SHOWN_OP_BYTES {
+        return name.into();
+    }
+    let end = (0..=SHOWN_OP_BYTES).rev().find(|&i| name.is_char_boundary(i)).unwrap_or(0);
+    format!("{}... ({} bytes)", &name[..end], name.len()).into()
+}
+
 fn unknown_op(name: &str, ch: Channel) -> WireError {
     let served = match ch {
         Channel::Route => "route, ping, state",
         Channel::Health => "health_route, health_report, resize, reload, prefix, ping, state",
     };
-    WireError::new(ErrorCode::UnknownOp, format!("unknown op `{name}`; the {} socket serves: {served}", ch.as_str()))
+    WireError::new(
+        ErrorCode::UnknownOp,
+        format!("unknown op `{}`; the {} socket serves: {served}", shown(name), ch.as_str()),
+    )
 }
 
 fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp<'a>, WireError> {
@@ -341,15 +374,20 @@ fn decode_query<'a, O>(
     lim: &QueryLimits,
     op: impl FnOnce(&str, &Fields<'a>) -> Result<O, WireError>,
 ) -> Result<Query<'a, O>, Rejected<'a>> {
-    let reject = |id, error| Rejected { id, error };
+    let mut f = Fields::default();
+    let read = read_fields(bytes, &mut f);
+    // Any refusal carries the id when one was read before the fault and is
+    // itself valid (the reader never allocates and stops at the bytes present).
+    let id = decode_id(f.id);
+    let readable = || id.clone().ok().flatten();
     if bytes.len() > lim.max_message_bytes {
         let msg = format!("query is {} bytes, above max_message_bytes {}", bytes.len(), lim.max_message_bytes);
-        // Still echo the id: the reader never allocates and stops at the bytes present.
-        let id = read_fields(bytes).ok().and_then(|f| decode_id(f.id).ok().flatten());
-        return Err(reject(id, WireError::new(ErrorCode::TooLarge, msg)));
+        return Err(Rejected { id: readable(), error: WireError::new(ErrorCode::TooLarge, msg) });
     }
-    let f = read_fields(bytes).map_err(|e| reject(None, e))?;
-    let id = decode_id(f.id).map_err(|e| reject(None, e))?;
+    if let Err(error) = read {
+        return Err(Rejected { id: readable(), error });
+    }
+    let id = id.map_err(|error| Rejected { id: None, error })?;
     let fail = |error| Rejected { id, error };
     match f.v {
         None => return Err(fail(bad("missing `v` (protocol version, must be 1)"))),

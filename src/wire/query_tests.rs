@@ -98,6 +98,63 @@ fn id_is_echoed_even_when_rejected() {
 }
 
 #[test]
+fn an_id_above_the_cap_or_not_a_string_or_int_is_refused_without_echo() {
+    let at_cap = "i".repeat(MAX_ID_BYTES);
+    let b = q(&[("v", 1.into()), ("op", "ping".into()), ("id", at_cap.as_str().into())]);
+    assert_eq!(decode_route_query(&b, &LIM).unwrap().id, Some(Id::Str(&at_cap)));
+    let long = "i".repeat(MAX_ID_BYTES + 1);
+    for id in
+        [long.as_str().into(), rmpv::Value::Binary(vec![1; 4]), rmpv::Value::Array(vec![]), rmpv::Value::Map(vec![])]
+    {
+        let b = q(&[("v", 1.into()), ("op", "ping".into()), ("id", id.clone())]);
+        let rej = decode_route_query(&b, &LIM).unwrap_err();
+        assert_eq!((rej.id, rej.error.code), (None, ErrorCode::BadRequest), "{id}");
+        assert!(rej.error.message.starts_with("`id`"), "{}", rej.error.message);
+        assert!(!rej.error.message.contains("iiii"), "{}", rej.error.message);
+    }
+    // Nor is it echoed when the query is also too large.
+    let b = q(&[("id", long.as_str().into()), ("pad", rmpv::Value::Binary(vec![0; 70_000]))]);
+    assert_eq!(decode_route_query(&b, &LIM).unwrap_err().id, None);
+    let b = q(&[("id", long.as_str().into()), ("v", 2.into())]);
+    assert_eq!(
+        decode_route_query(&b, &LIM).unwrap_err().error.message,
+        format!("`id` is a string of 129 bytes; at most 128 are allowed")
+    );
+}
+
+#[test]
+fn an_unreadable_query_still_carries_the_id_read_before_the_fault() {
+    let id_first = q(&[("id", "a".into()), ("v", 1.into()), ("op", "ping".into())]);
+    // Cut inside the op's value: the id was read, the rest is truncated.
+    let cut = &id_first[..id_first.len() - 2];
+    let rej = decode_route_query(cut, &LIM).unwrap_err();
+    assert_eq!((rej.id, rej.error.code), (Some(Id::Str("a")), ErrorCode::BadRequest));
+    assert!(rej.error.message.contains("MessagePack"), "{}", rej.error.message);
+    // Trailing bytes: the whole map was read.
+    let trailing = [id_first.as_slice(), &[0xc0]].concat();
+    assert_eq!(decode_route_query(&trailing, &LIM).unwrap_err().id, Some(Id::Str("a")));
+    // A non-string key is skipped, so an id after it is still read.
+    let odd = rmpv::Value::Map(vec![(1.into(), 2.into()), ("id".into(), 7.into()), ("v".into(), 1.into())]);
+    let mut b = Vec::new();
+    rmpv::encode::write_value(&mut b, &odd).unwrap();
+    let rej = decode_route_query(&b, &LIM).unwrap_err();
+    assert_eq!((rej.id, rej.error.message.as_str()), (Some(Id::Int(7)), "map keys must be strings, got an integer"));
+    // The id after a truncation is not reached.
+    let id_last = q(&[("v", 1.into()), ("op", "ping".into()), ("id", "z".into())]);
+    assert_eq!(decode_route_query(&id_last[..5], &LIM).unwrap_err().id, None);
+}
+
+#[test]
+fn a_long_op_name_is_quoted_cut() {
+    let op = "o".repeat(10_000);
+    let b = q(&[("v", 1.into()), ("op", op.as_str().into())]);
+    let rej = decode_route_query(&b, &LIM).unwrap_err();
+    assert_eq!(rej.error.code, ErrorCode::UnknownOp);
+    let quoted = format!("unknown op `{}... (10000 bytes)`", "o".repeat(64));
+    assert!(rej.error.message.starts_with(&quoted), "{}", rej.error.message);
+}
+
+#[test]
 fn health_report_needs_rank_and_bool() {
     let h = |extra: &[(&str, rmpv::Value)]| {
         let mut v = vec![("v", rmpv::Value::from(1)), ("op", "health_report".into())];

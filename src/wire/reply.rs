@@ -7,6 +7,40 @@ use super::{Id, WireError};
 use crate::engines::Counts;
 
 const V: u8 = 1;
+/// The longest error message a refusal carries, in bytes (longer ones are
+/// cut at a character boundary): with the id's cap, it bounds every refusal.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 512;
+
+/// This process's identity, random at each start: `ping` and `state` carry
+/// it (as 16 hex digits), so a client tells a restarted dpcoord from one
+/// whose engines all went down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Instance(pub u64);
+
+impl Instance {
+    /// A fresh instance id. std's `RandomState` is keyed from the operating
+    /// system's randomness once per process; the time and process id are
+    /// hashed in too, so two starts never share one in practice.
+    pub fn random() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        h.write_u128(since.as_nanos());
+        Instance(h.finish())
+    }
+}
+
+impl Serialize for Instance {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // A string: JSON readers (and /state) lose precision on 64-bit integers.
+        let mut digits = [0u8; 16];
+        for (i, d) in digits.iter_mut().enumerate() {
+            *d = b"0123456789abcdef"[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        s.serialize_str(std::str::from_utf8(&digits).unwrap_or_default())
+    }
+}
 
 #[derive(Serialize)]
 struct Ranks<'a> {
@@ -49,6 +83,16 @@ struct Ok<'a> {
 }
 
 #[derive(Serialize)]
+struct Ping<'a> {
+    v: u8,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<Id<'a>>,
+    epoch: u64,
+    instance: Instance,
+}
+
+#[derive(Serialize)]
 struct ErrorBody<'a> {
     code: &'static str,
     message: &'a str,
@@ -60,6 +104,8 @@ struct Error<'a> {
     ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<Id<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
     error: ErrorBody<'a>,
 }
 
@@ -85,6 +131,7 @@ pub struct RankView {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateView {
     pub epoch: u64,
+    pub instance: Instance,
     pub policy: &'static str,
     pub ranks: Vec<RankView>,
     /// The KV block size the index learned; nil until then.
@@ -98,6 +145,7 @@ struct State<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<Id<'a>>,
     epoch: u64,
+    instance: Instance,
     policy: &'static str,
     ranks: &'a [RankView],
     kv_block_size: Option<u32>,
@@ -136,21 +184,32 @@ pub fn encode_admin(out: &mut Vec<u8>, id: Option<Id<'_>>, dp_size: u32, epoch: 
     write(out, &Resized { v: V, ok: true, id, dp_size, epoch });
 }
 
-/// `{"v":1,"ok":true,"id":..}`, with `epoch` when given (ping).
+/// `{"v":1,"ok":true,"id":..}`, with `epoch` when given.
 pub fn encode_ok(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: Option<u64>) {
     write(out, &Ok { v: V, ok: true, id, epoch });
 }
 
-/// `{"v":1,"ok":false,"id":..,"error":{"code":C,"message":M}}`.
-pub fn encode_error(out: &mut Vec<u8>, id: Option<Id<'_>>, err: &WireError) {
-    let error = ErrorBody { code: err.code.as_str(), message: &err.message };
-    write(out, &Error { v: V, ok: false, id, error });
+/// `{"v":1,"ok":true,"id":..,"epoch":E,"instance":I}` (ping).
+pub fn encode_ping(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: u64, instance: Instance) {
+    write(out, &Ping { v: V, ok: true, id, epoch, instance });
+}
+
+/// `{"v":1,"ok":false,"id":..,"epoch":E,"error":{"code":C,"message":M}}`;
+/// a message above [`MAX_ERROR_MESSAGE_BYTES`] is cut.
+pub fn encode_error(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: Option<u64>, err: &WireError) {
+    let mut message = err.message.as_str();
+    if message.len() > MAX_ERROR_MESSAGE_BYTES {
+        let end = (0..=MAX_ERROR_MESSAGE_BYTES).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
+        message = &message[..end];
+    }
+    let error = ErrorBody { code: err.code.as_str(), message };
+    write(out, &Error { v: V, ok: false, id, epoch, error });
 }
 
 /// The `state` reply.
 pub fn encode_state(out: &mut Vec<u8>, id: Option<Id<'_>>, view: &StateView) {
-    let (epoch, policy, ranks, kv_block_size) = (view.epoch, view.policy, &view.ranks, view.kv_block_size);
-    write(out, &State { v: V, ok: true, id, epoch, policy, ranks, kv_block_size });
+    let (epoch, instance, policy, ranks) = (view.epoch, view.instance, view.policy, &view.ranks);
+    write(out, &State { v: V, ok: true, id, epoch, instance, policy, ranks, kv_block_size: view.kv_block_size });
 }
 
 /// `{"v":1,"ok":true,"id":..,"blocks":B,"matched":[..]}` (the `prefix` op).
@@ -182,10 +241,26 @@ mod tests {
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true}));
         encode_prefix(&mut out, Some(Id::Int(1)), 3, &[3, 0]);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":1,"blocks":3,"matched":[3,0]}));
-        encode_error(&mut out, Some(Id::UInt(u64::MAX)), &WireError::new(ErrorCode::TooLarge, "big"));
+        encode_error(&mut out, Some(Id::UInt(u64::MAX)), Some(3), &WireError::new(ErrorCode::TooLarge, "big"));
         assert_eq!(
             decode(&out),
-            serde_json::json!({"v":1,"ok":false,"id":u64::MAX,"error":{"code":"too_large","message":"big"}})
+            serde_json::json!({"v":1,"ok":false,"id":u64::MAX,"epoch":3,"error":{"code":"too_large","message":"big"}})
         );
+        encode_ping(&mut out, Some(Id::Str("p")), 2, Instance(0x0123_4567_89ab_cdef));
+        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":"p","epoch":2,"instance":"0123456789abcdef"}));
+    }
+
+    #[test]
+    fn a_long_error_message_is_cut_at_a_character_boundary() {
+        let mut out = Vec::new();
+        let long = "é".repeat(MAX_ERROR_MESSAGE_BYTES);
+        encode_error(&mut out, None, None, &WireError::new(ErrorCode::BadRequest, long));
+        let message = decode(&out)["error"]["message"].as_str().unwrap().to_owned();
+        assert_eq!(message, "é".repeat(MAX_ERROR_MESSAGE_BYTES / 2));
+    }
+
+    #[test]
+    fn instances_differ_between_calls() {
+        assert_ne!(Instance::random(), Instance::random());
     }
 }

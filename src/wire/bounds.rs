@@ -1,0 +1,145 @@
+//! The largest reply each query socket can send, in bytes, for the limits
+//! in force: with `id` and error messages capped, only `state` and `prefix`
+//! (which grow with `dp_size`) and `route` (which grows with `max_batch`)
+//! are more than a few hundred bytes. The transport sizes each socket's
+//! send queue from it (docs/PROTOCOL.md §1, "Queues").
+
+use super::query::MAX_ID_BYTES;
+use super::reply::{self, Instance, RankView, StateView, MAX_ERROR_MESSAGE_BYTES};
+use super::{Channel, ErrorCode, Id, WireError};
+use crate::engines::kv::Medium;
+use crate::engines::Counts;
+
+/// Bytes an array header can grow by past the lengths encoded here (a
+/// fixarray is 1 byte, an array32 is 5).
+const ARRAY_GROWTH: usize = 4;
+/// The longest policy name, with room to spare.
+const POLICY: &str = "a-policy-name-of-thirty-two-byte";
+
+/// The longest id a query may carry.
+fn longest_id() -> String {
+    "i".repeat(MAX_ID_BYTES)
+}
+
+fn worst_rank() -> RankView {
+    RankView {
+        rank: u32::MAX,
+        status: "unknown",
+        counts: Counts {
+            waiting: u64::MAX,
+            running: u64::MAX,
+            received: u64::MAX,
+            finished: u64::MAX,
+            failed: u64::MAX,
+        },
+        pending: u64::MAX,
+        routed: u64::MAX,
+        penalty: f64::MAX,
+        age_ms: Some(u64::MAX),
+        boot: Some(u64::MAX),
+        load: f64::MAX,
+        kv_blocks: Medium::ALL.into_iter().map(|m| (m.as_str(), u64::MAX)).collect(),
+    }
+}
+
+/// The `state` reply's size with `ranks` worst-case rank entries.
+fn state_bytes(ranks: usize, id: &str) -> usize {
+    let view = StateView {
+        epoch: u64::MAX,
+        instance: Instance(u64::MAX),
+        policy: POLICY,
+        ranks: vec![worst_rank(); ranks],
+        kv_block_size: Some(u32::MAX),
+    };
+    let mut out = Vec::new();
+    reply::encode_state(&mut out, Some(Id::Str(id)), &view);
+    out.len()
+}
+
+/// The largest `state` reply over `dp_size` ranks, from two encodings (one
+/// and two ranks), so no reply of `dp_size` entries is built.
+pub fn max_state_bytes(dp_size: u32, id: &str) -> usize {
+    let (one, two) = (state_bytes(1, id), state_bytes(2, id));
+    let per_rank = two - one;
+    one - per_rank + per_rank * dp_size as usize + ARRAY_GROWTH
+}
+
+/// The encoded size of an unsigned integer below `max` (MessagePack's widths).
+fn uint_bytes(max: u64) -> usize {
+    match max {
+        0..=0x7f => 1,
+        0x80..=0xff => 2,
+        0x100..=0xffff => 3,
+        0x1_0000..=0xffff_ffff => 5,
+        _ => 9,
+    }
+}
+
+/// The largest refusal: the longest id, code and message.
+fn max_error_bytes(id: &str) -> usize {
+    let mut out = Vec::new();
+    let message = "m".repeat(MAX_ERROR_MESSAGE_BYTES);
+    let longest = ErrorCode::ALL.iter().max_by_key(|c| c.as_str().len()).copied().unwrap_or(ErrorCode::BadRequest);
+    reply::encode_error(&mut out, Some(Id::Str(id)), Some(u64::MAX), &WireError::new(longest, message));
+    out.len()
+}
+
+/// The largest reply `ch` can send with `dp_size` ranks and `max_batch`.
+pub fn max_reply_bytes(ch: Channel, dp_size: u32, max_batch: u32) -> usize {
+    let id = longest_id();
+    let mut out = Vec::new();
+    let grown = match ch {
+        Channel::Route => {
+            // A route reply of no ranks, then each of `max_batch` ranks below dp_size.
+            reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX);
+            out.len() + max_batch as usize * uint_bytes(u64::from(dp_size.saturating_sub(1)))
+        }
+        Channel::Health => {
+            // A prefix reply: one count per rank, each at most 2^32.
+            reply::encode_prefix(&mut out, Some(Id::Str(&id)), usize::MAX, &[]);
+            out.len() + dp_size as usize * uint_bytes(u64::from(u32::MAX))
+        }
+    };
+    // ping, health_route, health_report and the admin replies are fixed
+    // maps of a few integers and the id: below a refusal's size.
+    (grown + ARRAY_GROWTH).max(max_state_bytes(dp_size, &id)).max(max_error_bytes(&id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_bound_holds_for_a_real_worst_case_encoding() {
+        let id = longest_id();
+        for dp in [1u32, 2, 15, 16, 300] {
+            assert!(state_bytes(dp as usize, &id) <= max_state_bytes(dp, &id), "dp {dp}");
+            assert!(state_bytes(dp as usize, &id) + ARRAY_GROWTH >= max_state_bytes(dp, &id), "dp {dp}");
+        }
+    }
+
+    #[test]
+    fn route_and_prefix_bounds_hold_for_real_encodings() {
+        let id = longest_id();
+        let mut out = Vec::new();
+        let ranks = vec![1023u32; 1024];
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX);
+        assert!(out.len() <= max_reply_bytes(Channel::Route, 1024, 1024));
+        let matched = vec![u32::MAX; 4096];
+        reply::encode_prefix(&mut out, Some(Id::Str(&id)), usize::MAX, &matched);
+        assert!(out.len() <= max_reply_bytes(Channel::Health, 4096, 1));
+    }
+
+    #[test]
+    fn state_leads_at_the_defaults_and_route_at_a_large_max_batch() {
+        // dp_size 8, max_batch 1024: the state reply (242 bytes per rank at worst).
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2189);
+        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2189);
+        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 242);
+        // 65,536 ranks of one byte each (all below 128) outgrow the state of 8.
+        let id = longest_id();
+        let mut out = Vec::new();
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX);
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 65_536), out.len() + 65_536 + ARRAY_GROWTH);
+    }
+}
