@@ -186,6 +186,7 @@ mod tests {
             policy: "round_robin",
             ranks: vec![rank(0, "unknown"), rank(1, "down")],
             kv_block_size: None,
+            ..StateView::default()
         };
         assert_eq!(
             readiness(&v),
