@@ -21,6 +21,8 @@ fn run_in(cwd: &Path, args: &[&str]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
         .args(args)
         .current_dir(cwd)
+        // Start-up's info lines are not what these tests are about.
+        .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -145,6 +147,18 @@ fn a_policy_the_scenario_does_not_run_is_refused_before_it_starts() {
          cache_aware/approx, cache_aware/events, oracle\n",
     );
     assert!(!dir.path().join("sim-out").exists(), "nothing written");
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn an_out_path_that_cannot_be_a_directory_is_refused_before_any_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("taken");
+    std::fs::write(&file, "").unwrap();
+    let r = run_in(dir.path(), &["sim", "health-matrix", "--speed", "0", "--out", file.to_str().unwrap()]);
+    let want =
+        format!("dpcoord: error: --out {}: cannot create the directory: File exists (os error 17)\n", file.display());
+    assert_refused(&r, &want);
 }
 
 #[test]

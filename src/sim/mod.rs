@@ -247,18 +247,29 @@ impl SimArgs {
     }
 }
 
+/// Makes `--out` before any run, so a path that cannot be a directory is
+/// refused at once (exit 2), not after the simulation.
+fn make_out(out: &std::path::Path) -> Result<(), SimError> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| SimError::Usage(format!("--out {}: cannot create the directory: {e}", out.display())))
+}
+
 fn write_outcome(out: &std::path::Path, o: &scenario::Outcome) -> Result<(), SimError> {
-    std::fs::create_dir_all(out)?;
     let (txt, svg) = (out.join(format!("{}.txt", o.name)), out.join(format!("{}.svg", o.name)));
-    std::fs::write(&txt, &o.text)?;
-    std::fs::write(&svg, &o.svg)?;
+    for (path, body) in [(&txt, &o.text), (&svg, &o.svg)] {
+        std::fs::write(path, body)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display())))?;
+    }
     println!("{}\nwrote {} and {}\n", o.text, txt.display(), svg.display());
     Ok(())
 }
 
 /// `dpcoord sim`: runs the scenario, prints and writes the reports.
 pub fn main(args: &SimArgs) -> ExitCode {
-    let result = args.check().and_then(|()| scenario::run(args.scenario, args, &mut |o| write_outcome(&args.out, &o)));
+    let result = args
+        .check()
+        .and_then(|()| make_out(&args.out))
+        .and_then(|()| scenario::run(args.scenario, args, &mut |o| write_outcome(&args.out, &o)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ SimError::Usage(_)) => {
