@@ -255,3 +255,24 @@ impl Sockets {
         self.ctx.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::max_reply_bytes;
+
+    #[test]
+    fn reply_marks_follow_the_largest_reply_of_the_limits_in_force() {
+        let mark = |dp, batch| reply_hwm(max_reply_bytes(Channel::Route, dp, batch));
+        assert_eq!([mark(8, 1024), mark(1024, 1024), mark(4096, 1024)], [372, 8, 2]);
+        assert_eq!(reply_hwm(0), 608, "a 2 MiB budget over the envelope allowance alone");
+        assert_eq!(reply_hwm(64 << 20), 1, "one reply, whatever its size");
+    }
+
+    #[test]
+    fn inbound_marks_follow_the_backstop() {
+        assert_eq!(inbound_hwm(65_536 + BACKSTOP_SLACK, MAX_QUERY_HWM), 64);
+        assert_eq!(inbound_hwm((16 << 20) + BACKSTOP_SLACK, MAX_QUERY_HWM), 16);
+        assert_eq!(inbound_hwm(256 + BACKSTOP_SLACK, 10_000), 127);
+    }
+}
