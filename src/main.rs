@@ -51,6 +51,23 @@ enum Cmd {
 fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
     let mut cmd = Cli::command().args(config::flags());
     let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    if let Some(sub) = matches.subcommand_name() {
+        // The daemon's flags before a subcommand would be silently ignored.
+        let given: Vec<String> = matches
+            .ids()
+            .filter_map(|id| cmd.get_arguments().find(|a| a.get_id() == id)?.get_long())
+            .map(|long| format!("--{long}"))
+            .collect();
+        if !given.is_empty() {
+            let msg = format!(
+                "{} {} the daemon's; `dpcoord {sub}` does not read {} (see `dpcoord {sub} --help`)",
+                given.join(", "),
+                if given.len() == 1 { "is" } else { "are" },
+                if given.len() == 1 { "it" } else { "them" },
+            );
+            return Err(cmd.error(clap::error::ErrorKind::ArgumentConflict, msg));
+        }
+    }
     let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
     Ok((cli, matches))
 }

@@ -86,6 +86,25 @@ fn an_unknown_flag_gets_the_usage_and_a_near_name_as_a_tip() {
     assert_refused(&r, &want);
 }
 
+#[test]
+fn daemon_flags_before_a_subcommand_are_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ok.toml");
+    std::fs::write(&file, "[engines]\ndp_size = 2\n").unwrap();
+    let r = run_in(dir.path(), &["--dp-size", "3", "check-config", file.to_str().unwrap()]);
+    let want = format!(
+        "dpcoord: error: --dp-size is the daemon's; `dpcoord check-config` does not read it (see `dpcoord \
+         check-config --help`)\n\nUsage: dpcoord [OPTIONS] [COMMAND]\n\n{MORE}"
+    );
+    assert_refused(&r, &want);
+    let r = run_in(dir.path(), &["--config", file.to_str().unwrap(), "--policy", "least_load", "probe"]);
+    let want = format!(
+        "dpcoord: error: --config, --policy are the daemon's; `dpcoord probe` does not read them (see `dpcoord \
+         probe --help`)\n\nUsage: dpcoord [OPTIONS] [COMMAND]\n\n{MORE}"
+    );
+    assert_refused(&r, &want);
+}
+
 #[cfg(feature = "sim")]
 #[test]
 fn sim_flags_get_the_tip_and_usage_too() {
