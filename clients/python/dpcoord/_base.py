@@ -84,6 +84,7 @@ class ClientBase:
         self.last_endpoint: str | None = None
         #: health_report calls that could not be delivered (no endpoint answered).
         self.dropped_reports = 0
+        self._instance: str | None = None
 
     def _new_lock(self) -> Any:
         raise NotImplementedError
@@ -113,6 +114,14 @@ class ClientBase:
     def epoch(self) -> int | None:
         """The epoch of the last ``state`` seen."""
         return self._local.epoch
+
+    @property
+    def instance(self) -> str | None:
+        """The ``instance`` of the dpcoord process that answered the last ``ping``
+        or ``state`` (16 hex digits, new at each start of dpcoord); None before
+        the first, or from a dpcoord too old to send one. A change means dpcoord
+        restarted: its epoch started again at 0 and it has not heard every engine yet."""
+        return self._instance
 
     @property
     def kv_block_size(self) -> int | None:
@@ -199,10 +208,14 @@ class ClientBase:
     def _state_steps(self) -> Steps:
         reply = yield from self._call_steps("state", "route", {})
         self._local.observe_state(reply, self.last_endpoint)
+        self._instance = _core.instance_of(reply)
         return reply
 
     def _ping_steps(self) -> Steps:
-        return _core.epoch_of((yield from self._call_steps("ping", "route", {})))
+        reply = yield from self._call_steps("ping", "route", {})
+        epoch = _core.epoch_of(reply)
+        self._instance = _core.instance_of(reply)
+        return epoch
 
     def _call_steps(self, op: str, channel: str, fields: dict[str, Any]) -> Steps:
         self._check_channel(channel)

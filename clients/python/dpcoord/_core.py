@@ -188,6 +188,14 @@ def epoch_of(reply: dict[str, Any]) -> int:
     return epoch
 
 
+def instance_of(reply: dict[str, Any]) -> str | None:
+    """The reply's ``instance`` (``ping``, ``state``); None when it has none."""
+    instance = reply.get("instance")
+    if instance is not None and not isinstance(instance, str):
+        raise ProtocolError(message=f"reply's instance must be a string, got {instance!r}")
+    return instance
+
+
 def normalize_standby(standby) -> list[tuple[str, str | None]]:
     """``standby`` entries are a route endpoint, or a ``(route, health)`` pair."""
     out = []

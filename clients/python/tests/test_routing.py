@@ -48,6 +48,24 @@ def test_ping_and_state_before_any_engine(start_daemon, client_for):
     assert c.routable_ranks == [] and c.epoch == 0
 
 
+def test_instance_is_stable_within_a_process_and_changes_across_a_restart(start_daemon, client_for):
+    d = start_daemon("--dp-size", "2")
+    c = client_for(d)
+    assert c.instance is None
+    assert c.ping() == 0
+    first = c.instance
+    assert isinstance(first, str) and len(first) == 16 and int(first, 16) >= 0
+    assert c.state()["instance"] == first and c.instance == first
+    assert d.call("health", {"v": 1, "op": "ping"})["instance"] == first
+    assert d.stop() == 0
+    d.restart()
+    # The client's REQ socket reconnects by itself; the first answer is the new process's.
+    assert eventually("a ping answered by the restarted dpcoord", lambda: c.ping() == 0 and c.instance != first)
+    second = c.instance
+    assert len(second) == 16 and second != first
+    assert c.state()["instance"] == second
+
+
 def test_route_round_robin_pins_rooms_and_sessions(start_daemon, engines, client_for):
     d = start_daemon("--dp-size", "3", "--policy", "round_robin")
     bring_up(d, engines, [0, 1, 2])
