@@ -246,9 +246,10 @@ fn sim_all_repeats_byte_for_byte() {
     }
 }
 
-/// Rank 3 dies at 29.78 s; its last stats went out at the heartbeat of 29.7 s,
-/// so dpcoord's tick at 32.8 s (3000 ms of silence, then the next 100 ms tick)
-/// shows it down, and no policy places a request on it from then on.
+/// Rank 3 dies at 29.78 s; its last stats went out less than 100 ms before
+/// (a step's end or the heartbeat), so dpcoord's first 100 ms tick after
+/// 3000 ms of silence, at 32.8 s, shows it down, and no policy places a
+/// request on it from then on.
 #[test]
 fn dead_rank_is_seen_down_after_down_after_ms_and_takes_no_placement_after() {
     let out = tempfile::tempdir().unwrap();

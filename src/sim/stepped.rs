@@ -193,3 +193,26 @@ impl SourcePeer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::net::{Rpc, StatsPub};
+
+    /// A rank heard once at virtual 0 ages on the virtual clock alone, at
+    /// the 100 ms ticks: `stale` once silent 1000 ms, `down` once silent 3000 ms.
+    #[test]
+    fn liveness_follows_virtual_time() {
+        let (core, eps) = Core::start(&DaemonSettings::defaults(1, "round_robin")).unwrap();
+        let wiring = Wiring::Stepped(core.clone());
+        let mut engine = StatsPub::connect(&wiring, &eps.stats, 0, 1).unwrap();
+        let observer = Rpc::connect(&wiring, &eps.health, Channel::Health).unwrap();
+        engine.publish([0; 5], [0; 2], None).unwrap();
+        let status = |at: Micros| {
+            core.set_now(at);
+            observer.state().unwrap()[0].status.clone()
+        };
+        let seen: Vec<String> = [0, 999_999, 1_000_000, 2_999_999, 3_000_000].map(status).into();
+        assert_eq!(seen, ["up", "up", "stale", "stale", "down"]);
+    }
+}
