@@ -149,7 +149,7 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
             matches!(&e, TransportError::Endpoint { what: "bind", source, .. } if ipc::bind_is_config_error(source));
         bind_failed(&e, config)
     })?;
-    let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone());
+    let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
     match rt.block_on(wait_for_stop(&daemon)) {
         Ok(why) => tracing::info!(reason = why, "stopping"),

@@ -170,6 +170,16 @@ pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow"
 pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
 /// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
 pub const IPC_MODE: StrKey = StrKey { key: Key::new(SERVER, "ipc_mode"), default: "" };
+/// Concurrent HTTP connections; at most a quarter of the file descriptors
+/// (the soft `nofile` limit) is taken whatever this says.
+pub const HTTP_MAX_CONNECTIONS: IntKey =
+    IntKey { key: Key::new(SERVER, "http_max_connections"), default: 256, min: 1, max: 1 << 20 };
+/// How long an HTTP request's head may take from its first byte.
+pub const HTTP_HEADER_TIMEOUT_MS: IntKey =
+    IntKey { key: Key::new(SERVER, "http_header_timeout_ms"), default: 5000, min: 10, max: 600_000 };
+/// How long an HTTP connection may go without a byte either way between requests.
+pub const HTTP_IDLE_TIMEOUT_MS: IntKey =
+    IntKey { key: Key::new(SERVER, "http_idle_timeout_ms"), default: 30_000, min: 10, max: HOUR_MS };
 
 /// At most 4,096 ranks: memory, `/metrics` and each query's work grow with
 /// the rank count (docs/failure-behaviour.md, "Configuration bounds").
@@ -275,7 +285,7 @@ pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 50] = [
+pub const ALL: [AnyKey; 53] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -297,6 +307,9 @@ pub const ALL: [AnyKey; 50] = [
     AnyKey::List(&HEALTH_ALLOW),
     AnyKey::List(&STATS_ALLOW),
     AnyKey::Str(&IPC_MODE),
+    AnyKey::Int(&HTTP_MAX_CONNECTIONS),
+    AnyKey::Int(&HTTP_HEADER_TIMEOUT_MS),
+    AnyKey::Int(&HTTP_IDLE_TIMEOUT_MS),
     AnyKey::Int(&READMIT_UPDATES),
     AnyKey::Int(&VLLM_METRICS_INTERVAL_MS),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),

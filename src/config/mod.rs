@@ -78,10 +78,21 @@ pub struct Server {
     pub stats_allow: Allowlist,
     /// File mode set on each bound ipc:// socket; `None` keeps the umask's.
     pub ipc_mode: Option<u32>,
+    /// The HTTP server's connection cap and timeouts (`server.http_*`).
+    pub http: HttpLimits,
     /// The engines' KV-event publishers (`kv_events.connect`, expanded).
     pub kv_events: Vec<KvEndpoint>,
     /// Their subscription prefix (`kv_events.topic`).
     pub kv_topic: String,
+}
+
+/// The HTTP server's connections: how many at once (before the file
+/// descriptor share is applied) and how long a head or a silence may last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
 }
 
 /// One KV-event publisher: its PUB, its replay ROUTER if any, and the rank

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::{
-    err, CacheAware, ConfigError, Engines, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, PrefixMode, Routing,
-    Server, Sessions,
+    err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, PrefixMode,
+    Routing, Server, Sessions,
 };
 use crate::io::access::Allowlist;
 
@@ -163,6 +163,11 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
     let health_allow = s.allowlist(&keys::HEALTH_ALLOW, Some(&health_bind))?;
     let stats_allow = s.allowlist(&keys::STATS_ALLOW, stats_bind.as_deref())?;
     let ipc_mode = parse_mode(&s.string(&keys::IPC_MODE)?).map_err(|p| err(keys::IPC_MODE.key.path(), p))?;
+    let http = HttpLimits {
+        max_connections: s.int(&keys::HTTP_MAX_CONNECTIONS)? as usize,
+        header_timeout: s.ms(&keys::HTTP_HEADER_TIMEOUT_MS)?,
+        idle_timeout: s.ms(&keys::HTTP_IDLE_TIMEOUT_MS)?,
+    };
     s.finish()?;
     Ok(Server {
         route_bind,
@@ -178,6 +183,7 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         health_allow,
         stats_allow,
         ipc_mode,
+        http,
         kv_events: Vec::new(),
         kv_topic: String::new(),
     })

@@ -6,6 +6,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
+use crate::io::fds::Budget;
+use crate::io::http;
 use crate::io::scrape::Scraper;
 use crate::io::sockets::{Sockets, TransportError};
 use crate::io::transport::{self, Control};
@@ -18,6 +20,9 @@ pub struct Daemon {
     pub registry: prometheus::Registry,
     /// Engine-table snapshots, replaced every tick.
     pub published: Arc<Published>,
+    /// The HTTP server's connection cap (within the file descriptors' HTTP
+    /// share) and timeouts.
+    pub http: http::Limits,
     control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
     scraper: Scraper,
@@ -27,7 +32,10 @@ impl Daemon {
     /// Binds every socket (errors come back here) and starts serving.
     /// `source` is where a reload (SIGHUP, the `reload` op) reads the
     /// configuration again.
+    /// First the soft `nofile` limit is raised to the hard one (logged).
     pub fn start(cfg: &Config, source: ConfigSource) -> Result<Daemon, TransportError> {
+        let fds = Budget::raise();
+        let http = http::Limits::new(&cfg.server.http, &fds);
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
@@ -48,9 +56,10 @@ impl Daemon {
             stats_bind = cfg.server.stats_bind.as_deref().unwrap_or(""),
             dp_size = cfg.settings.engines.dp_size,
             policy = cfg.settings.routing.policy.as_str(),
+            http_max_connections = http.max_connections,
             "dpcoord serving"
         );
-        Ok(Daemon { registry, published, control, thread, scraper })
+        Ok(Daemon { registry, published, http, control, thread, scraper })
     }
 
     /// True once the coordinator thread has ended (on error or stop).

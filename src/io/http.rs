@@ -19,6 +19,10 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+#[path = "http_conns.rs"]
+mod conns;
+pub use conns::Limits;
+
 use crate::engines::Status;
 use crate::routing::Published;
 use crate::wire::StateView;
@@ -58,16 +62,19 @@ fn router(registry: Registry, published: Arc<Published>) -> Router {
         .with_state(Sources { registry, published })
 }
 
-/// Serves HTTP/1.1 on `listener` until `shutdown` completes, then finishes
+/// Serves HTTP/1.1 on `listener` within `limits` (the connection cap and
+/// timeouts, see `http_conns.rs`) until `shutdown` completes, then finishes
 /// the requests in flight. Must run inside a tokio runtime with I/O enabled.
 pub async fn serve(
     listener: std::net::TcpListener,
     registry: Registry,
     published: Arc<Published>,
+    limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    axum::serve(listener, router(registry, published)).with_graceful_shutdown(shutdown).await
+    let app = router(registry.clone(), published);
+    conns::serve(listener, app, &registry, limits, shutdown).await
 }
 
 /// How long [`Running::stop`] waits for requests in flight.
@@ -85,13 +92,14 @@ pub fn spawn(
     listener: std::net::TcpListener,
     registry: Registry,
     published: Arc<Published>,
+    limits: Limits,
 ) -> Running {
     let (stop, stopped) = oneshot::channel::<()>();
     let shutdown = async {
         // A dropped sender also means stop.
         let _ = stopped.await;
     };
-    Running { stop, task: rt.spawn(serve(listener, registry, published, shutdown)) }
+    Running { stop, task: rt.spawn(serve(listener, registry, published, limits, shutdown)) }
 }
 
 impl Running {

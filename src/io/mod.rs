@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod daemon;
+pub mod fds;
 pub mod http;
 pub mod ipc;
 pub mod probe;

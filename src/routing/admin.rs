@@ -46,6 +46,9 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
         ("server.log_format", old.log_format != new.log_format),
         ("server.ipc_mode", old.ipc_mode != new.ipc_mode),
+        ("server.http_max_connections", old.http.max_connections != new.http.max_connections),
+        ("server.http_header_timeout_ms", old.http.header_timeout != new.http.header_timeout),
+        ("server.http_idle_timeout_ms", old.http.idle_timeout != new.http.idle_timeout),
         // With the `+rank` form, a new dp_size changes the expansion too.
         ("kv_events.connect", old.kv_events != new.kv_events),
         ("kv_events.topic", old.kv_topic != new.kv_topic),

@@ -196,7 +196,8 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
         ..DaemonSettings::defaults(RANKS, &args.policy)
     };
     let local = Local::start(&settings, "demo")?;
-    let web = http::spawn(rt.handle(), listener, local.registry.clone(), Arc::clone(&local.published));
+    let web =
+        http::spawn(rt.handle(), listener, local.registry.clone(), Arc::clone(&local.published), http::Limits::default());
     let spec = workload(&args.policy);
     let mut link = Link::open(&local.eps, FRONTENDS, ProbeVia::Health, RANKS, false)?;
     let (stop, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Live::new(RANKS)));
