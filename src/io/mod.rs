@@ -11,4 +11,5 @@ pub mod scrape;
 pub mod signals;
 pub mod sockets;
 pub mod transport;
+mod trim;
 mod zap;

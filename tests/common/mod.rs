@@ -155,12 +155,19 @@ impl Daemon {
             .args(&self.args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(self.log_file())
             .spawn()
             .expect("spawn dpcoord");
         self.child = Some(Spawned(child));
         let c = if self.ready_on_health { self.health_client() } else { self.client() };
         assert_eq!(c.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
+    }
+
+    /// The daemon's stderr goes to `dpcoord.log` in its directory (every
+    /// process of a restart appends), so a passing test prints nothing and a
+    /// failing one shows the log (see `Drop`).
+    fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("dpcoord.log")).unwrap()
     }
 
     /// Stops the process with `signal` ("TERM", "KILL", ...) and starts a
@@ -291,7 +298,20 @@ impl Daemon {
     fn signal_and_wait(&mut self, signal: &str) -> ExitStatus {
         self.child.take().unwrap().stop_with(signal)
     }
+}
 
+impl Drop for Daemon {
+    /// A failing test (a panic) shows what the daemon logged, through the
+    /// test harness's captured output.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("dpcoord.log")).unwrap_or_default();
+            eprintln!("--- dpcoord's log (RUST_LOG=warn) ---\n{log}--- end of dpcoord's log ---");
+        }
+    }
+}
+
+impl Daemon {
     /// The value of one series as `/metrics` prints it, e.g.
     /// `dpcoord_route_errors_total{code="bad_request"}`; `None` if absent.
     pub fn metric(&self, series: &str) -> Option<f64> {
