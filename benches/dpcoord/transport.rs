@@ -114,18 +114,37 @@ fn start_dpcoord() -> Server {
     Server { name: "dpcoord", endpoint: d.route.clone(), proc: None, daemon: Some(d) }
 }
 
+/// The Python interpreter for the peer: `$DPCOORD_PYTHON`, else the project
+/// virtualenv's (`.venv`, which `bash .ci/test` makes with pyzmq and
+/// msgpack), else `python3`.
+fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("DPCOORD_PYTHON") {
+        return p.into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
 /// The Python peer, or None (with the reason printed) when python3, pyzmq
 /// or msgpack is missing.
 fn start_python(ctx: &zmq::Context, dir: &std::path::Path) -> Option<Server> {
     let endpoint = format!("ipc://{}/python", dir.display());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/python_peer.py");
-    let spawned = Proc::spawn(Command::new("python3").args([script, &endpoint, &DP.to_string()]).stderr(Stdio::null()));
+    let python = python();
+    let spawned = Proc::spawn(Command::new(&python).args([script, &endpoint, &DP.to_string()]).stderr(Stdio::null()));
     if let Ok(mut proc) = spawned {
         if answers(ctx, &endpoint, &mut proc) {
             return Some(Server { name: "python", endpoint, proc: Some(proc), daemon: None });
         }
     }
-    println!("  (python peer skipped: python3 with pyzmq and msgpack is needed)");
+    println!(
+        "  (python peer skipped: {} has no pyzmq and msgpack; `bash .ci/test` makes .venv with them, or set DPCOORD_PYTHON)",
+        python.display()
+    );
     None
 }
 
