@@ -1,4 +1,4 @@
-//! `engines.dp_size` (at most 4,096) and its product with `limits.max_batch`
+//! `engines.dp_size` (at most 1,024) and its product with `limits.max_batch`
 //! (at most `MAX_QUERY_WORK` = 262,144 rank weighings per query) are bounded:
 //! `check-config` and the daemon exit 2 naming the key, a `resize` past them
 //! is refused and changes nothing.
@@ -24,7 +24,7 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
     (status.code(), err)
 }
 
-const TOO_MANY_RANKS: &str = "engines.dp_size: must be between 1 and 4096, got 4097";
+const TOO_MANY_RANKS: &str = "engines.dp_size: must be between 1 and 1024, got 1025";
 const TOO_MUCH_WORK: &str = "limits.max_batch: engines.dp_size = 512 with limits.max_batch = 1024 is 524288 \
      rank weighings per query, above 262144; with this dp_size, max_batch may be at most 512";
 
@@ -36,12 +36,12 @@ fn check_config_and_the_daemon_refuse_too_many_ranks_or_too_much_work_per_query(
         std::fs::write(&path, text).unwrap();
         path.to_str().unwrap().to_owned()
     };
-    let many = file("many.toml", "[engines]\ndp_size = 4097\n");
+    let many = file("many.toml", "[engines]\ndp_size = 1025\n");
     let work = file("work.toml", "[engines]\ndp_size = 512\n");
-    let edge = file("edge.toml", "[engines]\ndp_size = 4096\n[limits]\nmax_batch = 64\n");
-    let over = file("over.toml", "[engines]\ndp_size = 4096\n[limits]\nmax_batch = 65\n");
-    let over_why = "limits.max_batch: engines.dp_size = 4096 with limits.max_batch = 65 is 266240 \
-         rank weighings per query, above 262144; with this dp_size, max_batch may be at most 64";
+    let edge = file("edge.toml", "[engines]\ndp_size = 1024\n[limits]\nmax_batch = 256\n");
+    let over = file("over.toml", "[engines]\ndp_size = 1024\n[limits]\nmax_batch = 257\n");
+    let over_why = "limits.max_batch: engines.dp_size = 1024 with limits.max_batch = 257 is 263168 \
+         rank weighings per query, above 262144; with this dp_size, max_batch may be at most 256";
     for (path, why) in [(&many, TOO_MANY_RANKS), (&work, TOO_MUCH_WORK), (&over, over_why)] {
         let (code, err) = run(&["check-config", path]);
         assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {why}").as_str()), "{path}");
@@ -62,7 +62,7 @@ fn resize_past_the_bounds_is_refused_and_changes_nothing() {
     let health = d.health_client();
     let before = d.books();
     let cases = [
-        (4097, "`dp_size` must be between 1 and 4096, got 4097"),
+        (1025, "`dp_size` must be between 1 and 1024, got 1025"),
         (
             257,
             "`dp_size`: engines.dp_size = 257 with limits.max_batch = 1024 is 263168 rank weighings per query, \

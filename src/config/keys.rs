@@ -181,10 +181,11 @@ pub const HTTP_HEADER_TIMEOUT_MS: IntKey =
 pub const HTTP_IDLE_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(SERVER, "http_idle_timeout_ms"), default: 30_000, min: 10, max: HOUR_MS };
 
-/// At most 4,096 ranks: memory, `/metrics` and each query's work grow with
-/// the rank count (docs/failure-behaviour.md, "Configuration bounds").
+/// At most 1,024 ranks: memory, `/metrics` and each query's work grow with
+/// the rank count (at 4,096 ranks RSS passed 128 MiB once `/metrics` was
+/// scraped; docs/failure-behaviour.md, "Configuration bounds").
 pub const DP_SIZE: IntKey =
-    IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 4096 };
+    IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 1024 };
 pub const STALE_AFTER_MS: IntKey =
     IntKey { key: Key::flagged(ENGINES, "stale_after_ms", "MS", ""), default: 1000, min: 1, max: HOUR_MS };
 pub const DOWN_AFTER_MS: IntKey =
@@ -242,7 +243,7 @@ pub const MAX_BATCH: IntKey = IntKey { key: Key::new(LIMITS, "max_batch"), defau
 /// The most work one route query may ask for: `engines.dp_size` times
 /// `limits.max_batch`. A scoring policy weighs every rank for each placement,
 /// so a query with `n = max_batch` costs about this many rank weighings
-/// (1.5 ms at the bound; docs/failure-behaviour.md, "Configuration bounds"),
+/// (1.0-1.6 ms at the bound; docs/failure-behaviour.md, "Configuration bounds"),
 /// while every other client waits.
 pub const MAX_QUERY_WORK: u64 = 1 << 18;
 

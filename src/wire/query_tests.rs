@@ -193,9 +193,9 @@ fn admin_ops_on_the_health_socket_only() {
     assert_eq!(resize(256.into()), Ok(HealthOp::Admin(Admin::Resize(256))));
     assert_eq!(resize(257.into()), Err(ErrorCode::BadRequest));
     let small = QueryLimits { max_batch: 64, ..LIM };
-    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 4096.into())]);
-    assert_eq!(decode_health_query(&bytes, &small).map(|q| q.op), Ok(HealthOp::Admin(Admin::Resize(4096))));
-    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 4097.into())]);
+    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 1024.into())]);
+    assert_eq!(decode_health_query(&bytes, &small).map(|q| q.op), Ok(HealthOp::Admin(Admin::Resize(1024))));
+    let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 1025.into())]);
     assert_eq!(decode_health_query(&bytes, &small).map(|_| ()).unwrap_err().error.code, ErrorCode::BadRequest);
     assert_eq!(resize(0.into()), Err(ErrorCode::BadRequest));
     assert_eq!(resize("8".into()), Err(ErrorCode::BadRequest));
