@@ -115,7 +115,7 @@ fn resize_and_reload_ops_answer_with_the_new_view() {
     *file.lock().unwrap() = "[engines]\ndp_size = 0\n".into();
     let refused = ask(&mut c, Channel::Health, reload(), t0);
     assert_eq!(refused["error"]["code"], "invalid_config");
-    assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 65536, got 0; nothing changed");
+    assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 1024, got 0; nothing changed");
     *file.lock().unwrap() = "[server]\nroute_allow = [\"10.0.0.0/8\"]\n".into();
     assert_eq!(ask(&mut c, Channel::Health, reload(), t0)["dp_size"], 8);
     assert_eq!(c.allowlist("route").map(|l| l.allows("10.1.2.3")), Some(true));
