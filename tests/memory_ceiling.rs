@@ -59,6 +59,16 @@ fn up8() -> Daemon {
     Daemon::frozen_up("8", &[0, 1, 2, 3, 4, 5, 6, 7])
 }
 
+/// [`up8`] with its route socket holding at most `route_max_peers` peers
+/// (the config file lives in `dir`).
+fn up8_capped(dir: &tempfile::TempDir, route_max_peers: u32) -> Daemon {
+    let config = dir.path().join("peers.toml");
+    std::fs::write(&config, format!("[server]\nroute_max_peers = {route_max_peers}\n")).unwrap();
+    let d = Daemon::frozen("8", &["--config", config.to_str().unwrap()]);
+    d.bring_up(&d.publisher(), &[0, 1, 2, 3, 4, 5, 6, 7]);
+    d
+}
+
 /// 8 DEALERs that never read send 400 pings each whose `id` is a 60 KB
 /// string. Before the id cap every reply echoed it, and the replies queued
 /// for the never-reading peers took RSS to 660 MB (2,000 pings each).
@@ -186,14 +196,16 @@ fn publish_until(p: &zmq::Socket, c: &Client, rank: u32) {
     });
 }
 
-/// 2,000 DEALERs connected at once, each answered once, twice over. Before,
+/// 2,000 DEALERs connected at once, each answered once, twice over, to a
+/// route socket whose cap is raised to let them all in. Before,
 /// 5,000 peers cost about 28 KB each (145 MB). What the first wave leaves
 /// behind is the allocator's (libzmq frees each connection's buffers when
 /// it closes; glibc keeps the pages for reuse): the second wave reuses it,
 /// so the peak does not grow by more than [`REUSE_SLACK_KIB`].
 #[test]
 fn two_thousand_connected_peers_stay_under_the_ceiling() {
-    let d = up8();
+    let dir = tempfile::tempdir().unwrap();
+    let d = up8_capped(&dir, 2048);
     let before = status_kib(d.pid(), "VmRSS");
     let first = peers_wave(&d, 2000);
     let peak1 = status_kib(d.pid(), "VmHWM");

@@ -181,6 +181,18 @@ pub const HTTP_HEADER_TIMEOUT_MS: IntKey =
 pub const HTTP_IDLE_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(SERVER, "http_idle_timeout_ms"), default: 30_000, min: 10, max: HOUR_MS };
 
+/// Connected peers each bound socket holds at once (ZAP refuses the rest at
+/// their handshake). At about 38 KB a peer, the defaults together are 2,304
+/// peers, 88 MB: with dpcoord's own ~20 MB, under a 128 MiB container limit
+/// (docs/failure-behaviour.md, "Memory ceiling").
+pub const ROUTE_MAX_PEERS: IntKey =
+    IntKey { key: Key::new(SERVER, "route_max_peers"), default: 1024, min: 1, max: 1 << 20 };
+pub const HEALTH_MAX_PEERS: IntKey =
+    IntKey { key: Key::new(SERVER, "health_max_peers"), default: 256, min: 1, max: 1 << 20 };
+/// At least `engines.dp_size` when the stats bind is on: one publisher per rank.
+pub const STATS_MAX_PEERS: IntKey =
+    IntKey { key: Key::new(SERVER, "stats_max_peers"), default: 1024, min: 1, max: 1 << 20 };
+
 /// At most 1,024 ranks: memory, `/metrics` and each query's work grow with
 /// the rank count (at 4,096 ranks RSS passed 128 MiB once `/metrics` was
 /// scraped; docs/failure-behaviour.md, "Configuration bounds").
@@ -286,7 +298,7 @@ pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 53] = [
+pub const ALL: [AnyKey; 56] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -311,6 +323,9 @@ pub const ALL: [AnyKey; 53] = [
     AnyKey::Int(&HTTP_MAX_CONNECTIONS),
     AnyKey::Int(&HTTP_HEADER_TIMEOUT_MS),
     AnyKey::Int(&HTTP_IDLE_TIMEOUT_MS),
+    AnyKey::Int(&ROUTE_MAX_PEERS),
+    AnyKey::Int(&HEALTH_MAX_PEERS),
+    AnyKey::Int(&STATS_MAX_PEERS),
     AnyKey::Int(&READMIT_UPDATES),
     AnyKey::Int(&VLLM_METRICS_INTERVAL_MS),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),

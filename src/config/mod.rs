@@ -80,6 +80,8 @@ pub struct Server {
     pub ipc_mode: Option<u32>,
     /// The HTTP server's connection cap and timeouts (`server.http_*`).
     pub http: HttpLimits,
+    /// How many peers each bound socket holds at once (`server.*_max_peers`).
+    pub peers: PeerCaps,
     /// The engines' KV-event publishers (`kv_events.connect`, expanded).
     pub kv_events: Vec<KvEndpoint>,
     /// Their subscription prefix (`kv_events.topic`).
@@ -93,6 +95,27 @@ pub struct HttpLimits {
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+}
+
+/// The most connected peers of each bound socket; the ZAP handler refuses
+/// a new one beyond it (`io::peers`). Changed by a reload, like the allowlists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCaps {
+    pub route: u32,
+    pub health: u32,
+    pub stats: u32,
+}
+
+impl PeerCaps {
+    /// The cap of a ZAP domain (`route`, `health`, `stats`).
+    pub fn of(&self, domain: &str) -> Option<u32> {
+        match domain {
+            "route" => Some(self.route),
+            "health" => Some(self.health),
+            "stats" => Some(self.stats),
+            _ => None,
+        }
+    }
 }
 
 /// One KV-event publisher: its PUB, its replay ROUTER if any, and the rank
@@ -252,6 +275,15 @@ impl Config {
         server.kv_events = kv_events;
         server.kv_topic = kv_topic;
         binds::check_distinct(&server)?;
+        if server.stats_bind.is_some() && server.peers.stats < engines.dp_size {
+            return Err(err(
+                keys::STATS_MAX_PEERS.key.path(),
+                format!(
+                    "{} is below engines.dp_size = {}: every rank's publisher connects to the stats bind",
+                    server.peers.stats, engines.dp_size
+                ),
+            ));
+        }
         let limits = parse_limits(section(&root, "limits")?)?;
         keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
         Ok(Config {

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::{
-    err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, Penalty, PolicyKind, PrefixMode,
-    Routing, Server, Sessions,
+    err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty, PolicyKind,
+    PrefixMode, Routing, Server, Sessions,
 };
 use crate::io::access::Allowlist;
 
@@ -168,6 +168,11 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         header_timeout: s.ms(&keys::HTTP_HEADER_TIMEOUT_MS)?,
         idle_timeout: s.ms(&keys::HTTP_IDLE_TIMEOUT_MS)?,
     };
+    let peers = PeerCaps {
+        route: s.int(&keys::ROUTE_MAX_PEERS)? as u32,
+        health: s.int(&keys::HEALTH_MAX_PEERS)? as u32,
+        stats: s.int(&keys::STATS_MAX_PEERS)? as u32,
+    };
     s.finish()?;
     Ok(Server {
         route_bind,
@@ -184,6 +189,7 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         stats_allow,
         ipc_mode,
         http,
+        peers,
         kv_events: Vec::new(),
         kv_topic: String::new(),
     })

@@ -2,9 +2,11 @@
 //!
 //! libzmq asks a ZAP handler (a REP socket on `inproc://zeromq.zap.01`)
 //! about every new connection to a socket that has a ZAP domain. dpcoord
-//! sets the domain (`route`, `health`, `stats`) only on sockets with an
-//! allowlist, and answers 200 when the peer's IP falls in one of the
-//! socket's networks, 400 otherwise. This module parses requests and builds
+//! sets the domain (`route`, `health`, `stats`) on every bound socket, tcp
+//! and ipc alike (libzmq asks about NULL-mechanism peers only when a domain
+//! is set), and answers 200 when the peer's IP falls in one of the socket's
+//! networks (or the list is empty) and the socket holds fewer peers than its
+//! cap (`io::peers`), 400 otherwise. This module parses requests and builds
 //! replies; the transport owns the socket. The vendored libzmq has no CURVE,
 //! so traffic itself is not encrypted: use network policy for the rest.
 
@@ -67,9 +69,30 @@ pub fn parse_request(frames: &[Vec<u8>]) -> Option<ZapRequest<'_>> {
     }
 }
 
+/// What the ZAP handler answers a new peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    /// Its address is not in the socket's allowlist.
+    NotAllowed,
+    /// Its socket holds its cap of connected peers (`io::peers`).
+    Full,
+}
+
 /// The reply frames: version, request id, status code, text, user id, metadata.
-pub fn reply(request_id: &[u8], allowed: bool) -> [Vec<u8>; 6] {
-    let (code, text): (&[u8], &[u8]) = if allowed { (b"200", b"OK") } else { (b"400", b"address not allowed") };
+///
+/// Both refusals are 400: libzmq sends the peer an ERROR and the peer
+/// closes the connection within milliseconds. A 300 ("temporary") sends no
+/// ERROR, and libzmq 4.3 then keeps the connection open until its handshake
+/// interval (30 s) ends, at about 32 KB each: a refusal would cost as much
+/// as an admitted peer, and the cap would not bound memory. A libzmq peer
+/// that receives the ERROR does not reconnect that socket (docs/failure-behaviour.md).
+pub fn reply(request_id: &[u8], verdict: Verdict) -> [Vec<u8>; 6] {
+    let (code, text): (&[u8], &[u8]) = match verdict {
+        Verdict::Admit => (b"200", b"OK"),
+        Verdict::NotAllowed => (b"400", b"address not allowed"),
+        Verdict::Full => (b"400", b"too many peers"),
+    };
     [b"1.0".to_vec(), request_id.to_vec(), code.to_vec(), text.to_vec(), Vec::new(), Vec::new()]
 }
 
@@ -102,7 +125,7 @@ mod tests {
         let req = parse_request(&frames).unwrap();
         assert_eq!(req, ZapRequest { request_id: b"7", domain: "route", address: "10.0.0.1" });
         assert_eq!(parse_request(&frames[..5]), None);
-        let r = reply(b"7", false);
+        let r = reply(b"7", Verdict::NotAllowed);
         assert_eq!((r[0].as_slice(), r[1].as_slice(), r[2].as_slice()), (&b"1.0"[..], &b"7"[..], &b"400"[..]));
     }
 }

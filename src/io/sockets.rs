@@ -1,9 +1,10 @@
 //! Opening dpcoord's ZeroMQ sockets: the engine sources (the scraper's
 //! in-process PULL among them), the route and health ROUTERs, and the ZAP
-//! handler behind peer allowlists.
+//! handler behind peer allowlists and caps, with the monitors that count peers.
 
 use std::cell::Cell;
 
+use super::peers::{self, Monitor};
 use super::scrape;
 use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
 use crate::config::{Config, Server};
@@ -81,6 +82,8 @@ pub struct Sockets {
     pub health: zmq::Socket,
     /// The ZAP handler, asked about every new peer of the bound sockets.
     pub zap: zmq::Socket,
+    /// The connection events of each bound socket (route, health, stats bind).
+    pub monitors: Vec<Monitor>,
     /// The `(dp_size, max_batch)` the reply queues were sized for.
     sized: Cell<(u32, u32)>,
     ctx: zmq::Context,
@@ -116,10 +119,11 @@ fn backstop(cfg: &Config) -> i64 {
     (cfg.settings.limits.max_message_bytes as i64).saturating_add(BACKSTOP_SLACK)
 }
 
-fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<zmq::Socket, TransportError> {
+fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zmq::Socket, Monitor), TransportError> {
     let name = ch.as_str();
     let s = ctx.socket(zmq::ROUTER).map_err(sock_err(name))?;
     guard(&s, name)?;
+    let monitor = peers::watch(ctx, &s, name)?;
     // The decoder answers `too_large`; libzmq's limit stops what is far above it.
     s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
     s.set_linger(LINGER_MS).map_err(sock_err(name))?;
@@ -130,7 +134,7 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<zmq
     s.set_ipv6(true).map_err(sock_err(name))?;
     s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
     crate::io::ipc::set_mode(&s, cfg.server.ipc_mode)?;
-    Ok(s)
+    Ok((s, monitor))
 }
 
 /// A source SUB socket subscribed to everything.
@@ -171,12 +175,13 @@ fn scraped(ctx: &zmq::Context, srv: &Server) -> Result<Source, TransportError> {
 /// socket libzmq would check dpcoord's own outgoing links against the
 /// allowlist too, and a connecting socket never reconnects a link libzmq
 /// closed over an oversized frame (the coordinator drops those itself).
-fn sources(ctx: &zmq::Context, cfg: &Config) -> Result<Vec<Source>, TransportError> {
+fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Result<Vec<Source>, TransportError> {
     let srv = &cfg.server;
     let mut sources = Vec::new();
     if let Some(ep) = &srv.stats_bind {
         let s = subscriber(ctx, "stats")?;
         guard(&s, "stats")?;
+        monitors.push(peers::watch(ctx, &s, "stats")?);
         s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
         s.set_rcvhwm(inbound_hwm(backstop(cfg), SOURCE_HWM as usize)).map_err(sock_err("stats"))?;
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
@@ -228,11 +233,13 @@ impl Sockets {
         // The handler is bound before any socket can accept a peer.
         let zap = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
         zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
-        let sources = sources(&ctx, cfg)?;
-        let route = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
-        let health = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
+        let mut monitors = Vec::with_capacity(3);
+        let sources = sources(&ctx, cfg, &mut monitors)?;
+        let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
+        let (health, health_peers) = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
+        monitors.extend([route_peers, health_peers]);
         let sized = Cell::new((cfg.settings.engines.dp_size, cfg.settings.limits.max_batch));
-        Ok(Sockets { sources, route, health, zap, sized, ctx })
+        Ok(Sockets { sources, route, health, zap, monitors, sized, ctx })
     }
 
     /// Sizes the route and health send queues again when the rank count or

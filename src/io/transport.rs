@@ -1,16 +1,16 @@
 //! ZeroMQ transport: the only code that moves messages on sockets.
 //!
 //! One thread polls the engine sources, the route and health ROUTER
-//! sockets and the ZAP handler; it hands each source message (all its
+//! sockets, the ZAP handler and the bound sockets' connection monitors; it hands each source message (all its
 //! frames) and each query to the coordinator, and sends the reply back
 //! along the request's envelope. There is no routing logic here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::peers::{Monitor, Peers};
 use super::sockets::{sock_err, Sockets, Source, TransportError};
-use super::zap;
-use crate::observability::ratelimit::LogLimiter;
+use super::zap::{self, Gate};
 use crate::routing::Coordinator;
 use crate::wire::{Channel, SourceKind};
 use frames::{Drops, Frames, Parsed};
@@ -127,6 +127,8 @@ pub struct Control {
 
 /// One socket the loop polls, with what it carries.
 enum Polled<'a> {
+    /// The connection events of a bound socket, the `usize`-th monitor.
+    Monitor(usize, &'a Monitor),
     Zap(&'a zmq::Socket),
     Source(&'a Source),
     Query(&'a zmq::Socket, Channel),
@@ -136,6 +138,7 @@ impl Polled<'_> {
     fn socket(&self) -> &zmq::Socket {
         match self {
             Polled::Zap(s) | Polled::Query(s, _) => s,
+            Polled::Monitor(_, m) => &m.socket,
             Polled::Source(src) => &src.socket,
         }
     }
@@ -143,15 +146,17 @@ impl Polled<'_> {
     fn name(&self) -> &'static str {
         match self {
             Polled::Zap(..) => "zap",
+            Polled::Monitor(_, m) => m.name,
             Polled::Source(src) => src.kind.as_str(),
             Polled::Query(_, ch) => ch.as_str(),
         }
     }
 
     /// Serves what is waiting; `true` when the batch limit stopped it first.
-    fn drain(&self, q: &mut Queries<'_>, zap_log: &mut LogLimiter<3>) -> Result<bool, TransportError> {
+    fn drain(&self, q: &mut Queries<'_>, gate: &mut Gate<'_>) -> Result<bool, TransportError> {
         let served = match *self {
-            Polled::Zap(z) => zap::drain(z, q.coord, zap_log),
+            Polled::Monitor(i, _) => gate.count(i),
+            Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q),
             Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
         };
@@ -167,12 +172,16 @@ impl Polled<'_> {
 /// per query under the transport benchmark; 2.0 this way). A `ZMQ_FD` only
 /// signals a change, so every socket is read until EAGAIN, which leaves it
 /// armed to signal the next message; a socket its batch limit stopped early
-/// is served again without waiting. Sockets are served in the order ZAP,
-/// sources, route, health.
+/// is served again without waiting. Sockets are served in the order
+/// monitors, ZAP, sources, route, health: a round counts the connections
+/// it knows of before it answers ZAP about them.
 pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Result<(), TransportError> {
-    let Sockets { sources, route, health, zap, .. } = &sockets;
-    let polled: Vec<Polled<'_>> = [Polled::Zap(zap)]
-        .into_iter()
+    let Sockets { sources, route, health, zap, monitors, .. } = &sockets;
+    let polled: Vec<Polled<'_>> = monitors
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Polled::Monitor(i, m))
+        .chain([Polled::Zap(zap)])
         .chain(sources.iter().map(Polled::Source))
         .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
         .collect();
@@ -181,11 +190,11 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
     let drops = Drops::new(&coord.metrics().registry);
+    let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors);
     let mut q = Queries { frames: Frames::new(), coord, drops };
     let mut asks = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
-    let mut zap_log = LogLimiter::<3>::default();
     while !control.stop.load(Ordering::Relaxed) {
         let coord = &mut *q.coord;
         sockets.fit_reply_queues(coord.query_limits())?;
@@ -211,7 +220,7 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         let timed_out = wait > 0 && !signalled;
         for (i, p) in polled.iter().enumerate() {
             if unfinished[i] || timed_out || items[i].is_readable() {
-                unfinished[i] = p.drain(&mut q, &mut zap_log)?;
+                unfinished[i] = p.drain(&mut q, &mut gate)?;
             }
         }
         q.coord.take_replay_asks(&mut asks);

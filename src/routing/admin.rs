@@ -24,12 +24,13 @@ pub(super) struct Reloadable {
 }
 
 /// The first key of `server` that differs in a way only a restart can apply
-/// (anything but the allowlists).
+/// (anything but the allowlists and the peer caps, which only ZAP reads).
 fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
     let same_binds = Server {
         route_allow: old.route_allow.clone(),
         health_allow: old.health_allow.clone(),
         stats_allow: old.stats_allow.clone(),
+        peers: old.peers,
         ..new.clone()
     };
     if same_binds == *old {
@@ -74,6 +75,12 @@ impl Coordinator {
             "stats" => Some(&server.stats_allow),
             _ => None,
         }
+    }
+
+    /// The most connected peers of a ZAP domain's socket in force; `None`
+    /// without a configuration (no cap).
+    pub fn peer_cap(&self, domain: &str) -> Option<u32> {
+        self.config.as_ref()?.server.peers.of(domain)
     }
 
     pub(super) fn admin(&mut self, op: Admin, now: Instant) -> Result<(), WireError> {
