@@ -28,6 +28,7 @@
 
 pub mod cluster;
 pub mod demo;
+pub mod demo_view;
 pub mod elastic;
 pub mod kv_pub;
 pub mod link;
@@ -46,6 +47,7 @@ pub mod record;
 pub mod report;
 pub mod scenario;
 pub mod spec;
+pub mod stale;
 pub mod stepped;
 pub mod svg;
 pub mod workload;

@@ -72,7 +72,7 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
         prompts: Some(a.requests),
         sample_every: 250_000,
         horizon: 3_600_000_000,
-        prompts_of: Prompts { workload: Some(w), on_wire, oracle },
+        prompts_of: Prompts { workload: Some(w), on_wire, oracle, local: None },
         ..base(a, &name, false)
     };
     (spec, settings)

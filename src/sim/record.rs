@@ -32,8 +32,30 @@ pub struct Sample {
     pub at: Micros,
     /// User placements so far.
     pub placements: Vec<u64>,
-    /// Running batch size.
-    pub running: Vec<u64>,
+    /// Requests the rank holds (waiting and running).
+    pub held: Vec<u64>,
+    /// Tokens of work the rank holds: prompt tokens not yet prefilled plus output tokens still to generate.
+    pub work: Vec<u64>,
+}
+
+/// Something that happened to one rank, for the chart's markers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mark {
+    pub at: Micros,
+    pub rank: u32,
+    pub what: Happened,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Happened {
+    /// The engine died.
+    Died,
+    /// A health probe went to the rank; `ok`: the engine was alive.
+    Probe { ok: bool },
+    /// dpcoord's status of the rank changed to `down` or `stale`.
+    SeenDown(String),
+    /// dpcoord's status of the rank went back to `up`.
+    Readmitted,
 }
 
 /// dpcoord's rank table from `at` on: the first is the table a run starts
@@ -95,6 +117,9 @@ pub struct Recorder {
     pub late: u64,
     /// Per rank, `[prompt tokens, of them cached]` of the jobs it batched.
     pub hits: Vec<[u64; 2]>,
+    pub marks: Vec<Mark>,
+    /// dpcoord's status of each rank at the last sample.
+    seen: Vec<String>,
     /// The rank that died, if one did.
     pub death: Option<Death>,
 }
@@ -170,8 +195,32 @@ impl Recorder {
         Recorder { placements: vec![0; ranks as usize], probes: vec![0; ranks as usize], ..Recorder::default() }
     }
 
-    pub fn sample(&mut self, at: Micros, running: Vec<u64>) {
-        self.samples.push(Sample { at, placements: self.placements.clone(), running });
+    pub fn sample(&mut self, at: Micros, held: Vec<u64>, work: Vec<u64>) {
+        self.samples.push(Sample { at, placements: self.placements.clone(), held, work });
+    }
+
+    pub fn mark(&mut self, at: Micros, rank: u32, what: Happened) {
+        self.marks.push(Mark { at, rank, what });
+    }
+
+    /// dpcoord shows `statuses` at `at`: marks each rank it newly sees down
+    /// or stale, and each it sees up again (a rank's first status marks nothing).
+    pub fn saw(&mut self, at: Micros, statuses: Vec<String>) {
+        let bad = |s: &str| s == "down" || s == "stale";
+        for (rank, (now, before)) in statuses.iter().zip(&self.seen).enumerate() {
+            let what = match (bad(before), bad(now)) {
+                _ if now == before => continue,
+                (_, true) => Happened::SeenDown(now.clone()),
+                (true, false) if now == "up" => Happened::Readmitted,
+                _ => continue,
+            };
+            self.marks.push(Mark { at, rank: rank as u32, what });
+        }
+        if statuses.len() >= self.seen.len() {
+            self.seen = statuses;
+        } else {
+            self.seen[..statuses.len()].clone_from_slice(&statuses);
+        }
     }
 
     /// dpcoord's table is `dp_size` ranks at `epoch` from `at` on.
@@ -207,6 +256,7 @@ impl Recorder {
             refusals: self.refusals,
             sync_timeouts,
             samples: self.samples.clone(),
+            marks: self.marks.clone(),
             phases: phase::phases(self, makespan),
             pending: self.pending,
             late: self.late,
@@ -261,6 +311,7 @@ pub struct ArmResult {
     pub refusals: u64,
     pub sync_timeouts: u64,
     pub samples: Vec<Sample>,
+    pub marks: Vec<Mark>,
     /// The run cut at each resize of dpcoord's table.
     pub phases: Vec<Phase>,
     pub pending: PendingError,
@@ -312,6 +363,26 @@ mod tests {
         assert_eq!((p.checks, p.over, p.under, p.max_over, p.max_under), (2, 1, 2, 1, 2));
         assert_eq!((p.mean_over(), p.mean_under()), (0.5, 1.0));
         assert_eq!(PendingError::default().mean_over(), 0.0);
+    }
+
+    #[test]
+    fn status_changes_become_marks() {
+        let mut rec = Recorder::new(3);
+        let s = |v: [&str; 3]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        rec.saw(0, s(["up", "unknown", "up"]));
+        rec.saw(5, s(["up", "up", "stale"]));
+        rec.saw(9, s(["up", "up", "down"]));
+        rec.saw(12, s(["down", "up", "up"]));
+        let got: Vec<(Micros, u32, Happened)> = rec.marks.iter().map(|m| (m.at, m.rank, m.what.clone())).collect();
+        assert_eq!(
+            got,
+            [
+                (5, 2, Happened::SeenDown("stale".into())),
+                (9, 2, Happened::SeenDown("down".into())),
+                (12, 0, Happened::SeenDown("down".into())),
+                (12, 2, Happened::Readmitted),
+            ]
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use super::cluster::EngineSpec;
 use super::link::ProbeVia;
 use super::model::Micros;
 use super::prompts::Workload;
+use super::stale::StaleRule;
 use super::workload::{Lengths, Load};
 
 /// The `cache_aware` weights (docs/PROTOCOL.md §7), for the oracle.
@@ -37,6 +38,9 @@ pub struct Prompts {
     /// The simulator places each request itself, reading every rank's true
     /// cache, with these weights (sent to dpcoord as a pin).
     pub oracle: Option<CacheWeights>,
+    /// Each frontend places requests itself from periodic snapshots of the
+    /// engines' counts, by this rule, telling dpcoord by a pin.
+    pub local: Option<StaleRule>,
 }
 
 /// A health prober sending one probe every `every` virtual microseconds.

@@ -26,8 +26,9 @@ use super::model::{Advance, Job, Micros};
 use super::net::{Answer, NetError};
 use super::oracle;
 use super::prompts::Source;
-use super::record::{bump, Death, Live, Recorder, Request};
+use super::record::{bump, Death, Happened, Live, Recorder, Request};
 pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
+use super::stale::StalePicker;
 use super::workload::{Frontend, Load};
 
 /// Wait before a failed or refused request is placed again.
@@ -65,6 +66,8 @@ struct World<'a> {
     sources: Vec<Source>,
     /// Where the oracle's next scan starts.
     cursor: u32,
+    /// Frontends placing requests themselves from stale snapshots.
+    local: Option<StalePicker>,
     rec: Recorder,
     queue: BinaryHeap<Reverse<(Micros, u64, Event)>>,
     seq: u64,
@@ -106,6 +109,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
             .map(|(w, f)| Source::new(w, spec.engine.cache.map_or(16, |c| c.block), spec.seed, f))
             .collect(),
         cursor: 0,
+        local: spec.prompts_of.local.map(|rule| StalePicker::new(rule, spec.frontends, spec.ranks)),
         rec: Recorder::new(spec.engines()),
         queue: BinaryHeap::new(),
         seq: 0,
@@ -135,7 +139,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
             live.now_us.store(at, Ordering::Relaxed);
         }
     }
-    w.sample();
+    w.sample()?;
     w.rec.death = w.rec.death.map(|d| Death { ended: w.now, ..d });
     w.rec.prefilled = w.cluster.prefilled();
     w.rec.hits = w.cluster.engines.iter().map(|e| e.hits).collect();
@@ -213,6 +217,7 @@ impl World<'_> {
             Event::Retry(id) => self.dispatch(id),
             Event::Probe => self.probe(),
             Event::Kill(rank) => {
+                self.rec.mark(self.now, rank, Happened::Died);
                 self.rec.death = Some(Death::new(rank, self.now));
                 self.link.kill(rank);
                 for job in self.cluster.kill(rank) {
@@ -222,7 +227,7 @@ impl World<'_> {
             }
             Event::Resize(n) => self.resize(n),
             Event::Sample => {
-                self.sample();
+                self.sample()?;
                 self.at(self.now + self.spec.sample_every.max(1), Event::Sample);
                 Ok(())
             }
@@ -289,9 +294,14 @@ impl World<'_> {
         Ok(())
     }
 
-    fn sample(&mut self) {
-        let running = self.cluster.engines.iter().map(|e| e.counts()[1]).collect();
-        self.rec.sample(self.now, running);
+    fn sample(&mut self) -> Result<(), NetError> {
+        let engines = &self.cluster.engines;
+        let held = engines.iter().map(|e| e.counts()[..2].iter().sum()).collect();
+        let work = engines.iter().map(|e| e.tokens().iter().sum()).collect();
+        self.rec.sample(self.now, held, work);
+        let seen = self.link.statuses()?;
+        self.rec.saw(self.now, seen);
+        Ok(())
     }
 
     fn arrival(&mut self, f: u32) -> Result<(), NetError> {
@@ -347,6 +357,10 @@ impl World<'_> {
                 pick
             }
             _ => None,
+        };
+        let pin = match (pin, &mut self.local) {
+            (None, Some(l)) => Some(l.pick(f as usize, self.now, &self.cluster.engines, self.link.ranks())),
+            (pin, _) => pin,
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
         self.watch_death()?;
@@ -450,6 +464,7 @@ impl World<'_> {
             }
             let ok = self.cluster.engines[rank as usize].is_alive();
             self.rec.probe_failures += u64::from(!ok);
+            self.rec.mark(self.now, rank, Happened::Probe { ok });
             self.link.report(rank, ok)?;
         }
         if let Some(p) = self.spec.probe {
