@@ -50,6 +50,7 @@ pub mod spec;
 pub mod stale;
 pub mod stepped;
 pub mod svg;
+pub mod svg_heat;
 pub mod workload;
 pub mod world;
 
