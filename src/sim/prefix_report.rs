@@ -138,9 +138,11 @@ fn panel(out: &mut String, x: f64, y: f64, title: &str, arms: &[ArmResult], valu
     let top = arms.iter().map(&value).fold(0.0, f64::max).max(1e-9);
     let _ = write!(
         out,
-        r##"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#bbb"/><text x="{x}" y="{}" font-size="12">{}</text>"##,
+        r##"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#bbb"/><text x="{x}" y="{}" font-size="12">{}</text><text x="{}" y="{}" font-size="10" fill="#444" text-anchor="middle">a bar per arm: 1 frontend solid, 4 frontends pale; 0 at the bottom</text>"##,
         y - 6.0,
-        esc(title)
+        esc(title),
+        x + w / 2.0,
+        y + h + 13.0
     );
     let mut labels: Vec<&str> = Vec::new();
     for a in arms {
