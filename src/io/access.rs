@@ -86,7 +86,8 @@ pub enum Verdict {
 /// ERROR, and libzmq 4.3 then keeps the connection open until its handshake
 /// interval (30 s) ends, at about 32 KB each: a refusal would cost as much
 /// as an admitted peer, and the cap would not bound memory. A libzmq peer
-/// that receives the ERROR does not reconnect that socket (docs/failure-behaviour.md).
+/// that receives the ERROR usually does not reconnect that socket
+/// (docs/failure-behaviour.md, "Memory ceiling").
 pub fn reply(request_id: &[u8], verdict: Verdict) -> [Vec<u8>; 6] {
     let (code, text): (&[u8], &[u8]) = match verdict {
         Verdict::Admit => (b"200", b"OK"),
