@@ -2,13 +2,11 @@
 //! in-process PULL among them), the route and health ROUTERs, and the ZAP
 //! handler behind peer allowlists and caps, with the monitors that count peers.
 
-use std::cell::Cell;
-
 use super::peers::{self, Monitor};
 use super::scrape;
 use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
 use crate::config::{Config, Server};
-use crate::wire::{Channel, QueryLimits, SourceKind};
+use crate::wire::{Channel, SourceKind};
 
 /// How long close waits to flush replies already queued.
 const LINGER_MS: i32 = 1000;
@@ -84,8 +82,6 @@ pub struct Sockets {
     pub zap: zmq::Socket,
     /// The connection events of each bound socket (route, health, stats bind).
     pub monitors: Vec<Monitor>,
-    /// The `(dp_size, max_batch)` the reply queues were sized for.
-    sized: Cell<(u32, u32)>,
     ctx: zmq::Context,
 }
 
@@ -238,23 +234,7 @@ impl Sockets {
         let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
         let (health, health_peers) = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
         monitors.extend([route_peers, health_peers]);
-        let sized = Cell::new((cfg.settings.engines.dp_size, cfg.settings.limits.max_batch));
-        Ok(Sockets { sources, route, health, zap, monitors, sized, ctx })
-    }
-
-    /// Sizes the route and health send queues again when the rank count or
-    /// `max_batch` changed (a `resize` or a reload): libzmq applies a new
-    /// high-water mark to the peers already connected too.
-    pub fn fit_reply_queues(&self, lim: &QueryLimits) -> Result<(), TransportError> {
-        if self.sized.get() == (lim.dp_size, lim.max_batch) {
-            return Ok(());
-        }
-        for (s, ch) in [(&self.route, Channel::Route), (&self.health, Channel::Health)] {
-            let hwm = reply_hwm(crate::wire::max_reply_bytes(ch, lim.dp_size, lim.max_batch));
-            s.set_sndhwm(hwm).map_err(sock_err(ch.as_str()))?;
-        }
-        self.sized.set((lim.dp_size, lim.max_batch));
-        Ok(())
+        Ok(Sockets { sources, route, health, zap, monitors, ctx })
     }
 
     /// The sockets' context, for in-process peers (the scraper).

@@ -197,7 +197,6 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
     let mut unfinished = vec![true; polled.len()];
     while !control.stop.load(Ordering::Relaxed) {
         let coord = &mut *q.coord;
-        sockets.fit_reply_queues(coord.query_limits())?;
         let now = Instant::now();
         if control.reload.swap(false, Ordering::Relaxed) {
             // Counted and logged by the coordinator; a refusal changes nothing.

@@ -121,11 +121,6 @@ impl Coordinator {
         &self.metrics
     }
 
-    /// The limits queries are checked against (they change on `resize` and `reload`).
-    pub fn query_limits(&self) -> &QueryLimits {
-        &self.limits
-    }
-
     /// The KV-event publishers, in `kv_events.connect` order: a KV
     /// source's `stream` is its place here.
     pub fn with_kv_endpoints(mut self, endpoints: &[KvEndpoint]) -> Self {
