@@ -4,25 +4,8 @@
 //! is refused and changes nothing.
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
 use common::*;
 use serde_json::json;
-
-/// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = wait_or_kill(&mut child, Duration::from_secs(10), "dpcoord");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    (status.code(), err)
-}
 
 const TOO_MANY_RANKS: &str = "engines.dp_size: must be between 1 and 1024, got 1025";
 const TOO_MUCH_WORK: &str = "limits.max_batch: engines.dp_size = 512 with limits.max_batch = 1024 is 524288 \
@@ -43,16 +26,16 @@ fn check_config_and_the_daemon_refuse_too_many_ranks_or_too_much_work_per_query(
     let over_why = "limits.max_batch: engines.dp_size = 1024 with limits.max_batch = 257 is 263168 \
          rank weighings per query, above 262144; with this dp_size, max_batch may be at most 256";
     for (path, why) in [(&many, TOO_MANY_RANKS), (&work, TOO_MUCH_WORK), (&over, over_why)] {
-        let (code, err) = run(&["check-config", path]);
+        let (code, err) = run_to_end(&["check-config", path]);
         assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {why}").as_str()), "{path}");
         // The daemon refuses it the same way, before binding anything.
-        let (code, err) = run(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
+        let (code, err) = run_to_end(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
         assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {why}").as_str()), "{path}");
     }
     // The flags are checked the same way.
-    let (code, err) = run(&["--dp-size", "512", "--metrics-bind", &free_addr().to_string()]);
+    let (code, err) = run_to_end(&["--dp-size", "512", "--metrics-bind", &free_addr().to_string()]);
     assert_eq!((code, err.trim_end()), (Some(2), format!("dpcoord: error: {TOO_MUCH_WORK}").as_str()));
-    let (code, err) = run(&["check-config", &edge]);
+    let (code, err) = run_to_end(&["check-config", &edge]);
     assert_eq!((code, err), (Some(0), String::new()));
 }
 

@@ -3,24 +3,9 @@
 //! without end or hang the command.
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use common::*;
-
-/// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = wait_or_kill(&mut child, Duration::from_secs(10), "dpcoord");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    (status.code(), err)
-}
 
 #[test]
 fn devices_fifos_and_oversized_files_are_refused_with_the_reason() {
@@ -38,13 +23,13 @@ fn devices_fifos_and_oversized_files_are_refused_with_the_reason() {
         (big.to_str().unwrap(), format!("{} is larger than 1048576 bytes", big.display())),
     ];
     for (path, why) in &cases {
-        let (code, err) = run(&["check-config", path]);
+        let (code, err) = run_to_end(&["check-config", path]);
         assert_eq!(code, Some(2), "{path}: {err}");
         assert!(err.contains(why), "{path}: {err}");
         // The daemon refuses it the same way, before binding anything.
-        let (code, err) = run(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
+        let (code, err) = run_to_end(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
         assert_eq!(code, Some(2), "{path}: {err}");
         assert!(err.contains(why), "{path}: {err}");
     }
-    assert_eq!(run(&["check-config", ok.to_str().unwrap()]).0, Some(0));
+    assert_eq!(run_to_end(&["check-config", ok.to_str().unwrap()]).0, Some(0));
 }

@@ -338,6 +338,20 @@ impl Daemon {
     }
 }
 
+/// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
+pub fn run_to_end(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_or_kill(&mut child, Duration::from_secs(10), "dpcoord");
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status.code(), err)
+}
+
 /// Spawns the binary with exactly `args` and `RUST_LOG=rust_log`, stdout
 /// discarded; returns it and its stderr lines as they come (read on a thread).
 pub fn spawn_with_stderr(args: &[&str], rust_log: &str) -> (Spawned, mpsc::Receiver<String>) {
