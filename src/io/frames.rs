@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
+use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::Channel;
 
@@ -138,11 +139,7 @@ impl Drops {
             "dpcoord_queries_dropped_total",
             "Queries dropped unanswered because their envelope broke a bound, by socket and reason.",
         );
-        let family = IntCounterVec::new(opts, &["socket", "reason"])
-            .unwrap_or_else(|e| unreachable!("metric definition is invalid: {e}"));
-        if let Err(e) = registry.register(Box::new(family.clone())) {
-            unreachable!("metric registration failed: {e}");
-        }
+        let family = register(registry, built(IntCounterVec::new(opts, &["socket", "reason"])));
         let counters = [Channel::Route, Channel::Health]
             .map(|ch| Dropped::ALL.map(|why| family.with_label_values(&[ch.as_str(), why.as_str()])));
         Drops { counters, log: LogLimiter::default() }

@@ -32,6 +32,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::observability::metrics::{built, register};
+
 use crate::config::{HttpLimits, Server};
 use crate::io::fds::Budget;
 
@@ -77,35 +79,30 @@ struct Counters {
 
 impl Counters {
     fn new(registry: &Registry, limits: &Limits) -> Counters {
-        let registered = |r: prometheus::Result<()>| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "HTTP connection series not registered");
-            }
-        };
-        let open = IntGauge::new("dpcoord_http_connections", "HTTP connections being served.");
-        let max = IntGauge::new(
-            "dpcoord_http_connections_max",
-            "The HTTP connection cap in force: server.http_max_connections within a quarter of the nofile limit.",
+        let open =
+            register(registry, built(IntGauge::new("dpcoord_http_connections", "HTTP connections being served.")));
+        let max = register(
+            registry,
+            built(IntGauge::new(
+                "dpcoord_http_connections_max",
+                "The HTTP connection cap in force: server.http_max_connections within a quarter of the nofile limit.",
+            )),
         );
-        let closed = IntCounterVec::new(
-            Opts::new(
-                "dpcoord_http_connections_closed_total",
-                "HTTP connections dpcoord closed: evicted (silent the longest, at the cap), refused (at the cap), \
-                 header_timeout, idle_timeout.",
-            ),
-            &["reason"],
+        let closed = register(
+            registry,
+            built(IntCounterVec::new(
+                Opts::new(
+                    "dpcoord_http_connections_closed_total",
+                    "HTTP connections dpcoord closed: evicted (silent the longest, at the cap), refused (at the cap), \
+                     header_timeout, idle_timeout.",
+                ),
+                &["reason"],
+            )),
         );
-        let (open, max, closed) = match (open, max, closed) {
-            (Ok(o), Ok(m), Ok(c)) => (o, m, c),
-            _ => unreachable!("the HTTP connection series are valid"),
-        };
         max.set(limits.max_connections as i64);
         for reason in REASONS {
             closed.with_label_values(&[reason]);
         }
-        registered(registry.register(Box::new(open.clone())));
-        registered(registry.register(Box::new(max)));
-        registered(registry.register(Box::new(closed.clone())));
         Counters { open, closed }
     }
 

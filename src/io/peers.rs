@@ -22,6 +22,7 @@
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::sockets::{sock_err, TransportError};
+use crate::observability::metrics::{built, register};
 
 /// Events queued for dpcoord to read, in messages (two per event). libzmq
 /// blocks its I/O thread rather than drop a monitor event, so this is far
@@ -80,21 +81,26 @@ impl Peers {
     /// Counts for the sockets of `monitors`, with their series in `registry`:
     /// `dpcoord_peers_connected{socket}` and `dpcoord_peers_refused_total{socket}`.
     pub fn new(monitors: &[Monitor], registry: &Registry) -> Peers {
-        let gauge = IntGaugeVec::new(
-            Opts::new(
-                "dpcoord_peers_connected",
-                "ZeroMQ connections a bound socket holds (handshaking ones included).",
-            ),
-            &["socket"],
-        )
-        .expect("valid metric");
-        let refused = IntCounterVec::new(
-            Opts::new("dpcoord_peers_refused_total", "New peers refused because their socket held its *_max_peers."),
-            &["socket"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(gauge.clone())).expect("metric registered once");
-        registry.register(Box::new(refused.clone())).expect("metric registered once");
+        let gauge = register(
+            registry,
+            built(IntGaugeVec::new(
+                Opts::new(
+                    "dpcoord_peers_connected",
+                    "ZeroMQ connections a bound socket holds (handshaking ones included).",
+                ),
+                &["socket"],
+            )),
+        );
+        let refused = register(
+            registry,
+            built(IntCounterVec::new(
+                Opts::new(
+                    "dpcoord_peers_refused_total",
+                    "New peers refused because their socket held its *_max_peers.",
+                ),
+                &["socket"],
+            )),
+        );
         let counts = monitors
             .iter()
             .map(|m| Count {
