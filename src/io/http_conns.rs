@@ -32,10 +32,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::observability::metrics::{built, register};
-
 use crate::config::{HttpLimits, Server};
 use crate::io::fds::Budget;
+use crate::observability::metrics::{built, register};
 
 /// New connections that may wait for an evicted one's slot at once.
 pub const MAX_WAITING: usize = 16;
