@@ -40,6 +40,10 @@ const ENVELOPE_ALLOWANCE: usize =
 /// How far above `max_message_bytes` libzmq itself still reads a frame
 /// (so a query a little too large is answered `too_large`).
 const BACKSTOP_SLACK: i64 = 64 << 10;
+/// How long a peer of a bound socket has to finish its ZMTP handshake
+/// (libzmq's default is 30 s). A connection that never greets holds a peer
+/// slot and about 32 KB until then; a real peer greets within milliseconds.
+pub const HANDSHAKE_MS: i32 = 5000;
 /// libzmq's fixed ZAP endpoint.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
@@ -103,7 +107,9 @@ fn inbound_hwm(backstop: i64, most: usize) -> i32 {
 /// Asks libzmq to consult the ZAP handler for this bound socket's peers.
 /// Every bound socket has a domain, so that a reload can set an allowlist
 /// that was empty at start (it applies to connections made after it).
+/// Also sets the handshake deadline every bound socket shares.
 fn guard(s: &zmq::Socket, name: &'static str) -> Result<(), TransportError> {
+    s.set_handshake_ivl(HANDSHAKE_MS).map_err(sock_err(name))?;
     s.set_zap_domain(name).map_err(sock_err(name))
 }
 
