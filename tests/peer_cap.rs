@@ -15,7 +15,11 @@ fn connected(d: &Daemon, socket: &str) -> Option<f64> {
 }
 
 fn refused(d: &Daemon, socket: &str) -> Option<f64> {
-    d.metric(&format!("dpcoord_peers_refused_total{{socket=\"{socket}\"}}"))
+    refused_for(d, socket, "socket_full")
+}
+
+fn refused_for(d: &Daemon, socket: &str, reason: &str) -> Option<f64> {
+    d.metric(&format!("dpcoord_peers_refused_total{{reason=\"{reason}\",socket=\"{socket}\"}}"))
 }
 
 /// Polls until `series` reads exactly `want`.
@@ -122,6 +126,84 @@ fn a_reload_changes_the_cap() {
     ping(&sixth, 6);
     reaches("route peers", 6.0, || connected(&d, "route"));
     assert_eq!(refused(&d, "route"), Some(0.0));
+}
+
+/// A DEALER connected to `route` (a tcp endpoint) from `source`, one of
+/// loopback's other addresses (libzmq's `tcp://source;destination` form).
+fn dealer_from(ctx: &zmq::Context, source: &str, route: &str) -> zmq::Socket {
+    let destination = route.strip_prefix("tcp://").unwrap();
+    let s = ctx.socket(zmq::DEALER).unwrap();
+    s.set_linger(0).unwrap();
+    s.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
+    s.set_reconnect_ivl(-1).unwrap();
+    s.connect(&format!("tcp://{source}:0;{destination}")).unwrap();
+    s
+}
+
+/// One address holds at most `max_peers_per_address` of a socket, so a
+/// host that opens many connections leaves room for the others; the
+/// socket's own cap still bounds them all. Route socket capped at 5, two
+/// per address: 127.0.0.2 gets two and its third is refused
+/// (`address_full`), 127.0.0.3 and 127.0.0.1 get theirs, and the socket's
+/// sixth peer, from a fourth address, is refused (`socket_full`).
+#[test]
+fn one_address_holds_at_most_its_share_of_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dpcoord.toml");
+    std::fs::write(&config, "[server]\nroute_max_peers = 5\nmax_peers_per_address = 2\n").unwrap();
+    let route = format!("tcp://127.0.0.1:{}", free_port());
+    let d = Daemon::start_with_route(Some(&route), &["--config", config.to_str().unwrap()]);
+    reaches("route peers", 0.0, || connected(&d, "route"));
+    let ctx = zmq::Context::new();
+    let first: Vec<zmq::Socket> = (0..2).map(|_| dealer_from(&ctx, "127.0.0.2", &route)).collect();
+    for (i, s) in first.iter().enumerate() {
+        ping(s, i as u64);
+    }
+    let third = dealer_from(&ctx, "127.0.0.2", &route);
+    dealer_send(&third, vec![query("ping", 3, &[])]);
+    reaches("address refusals", 1.0, || refused_for(&d, "route", "address_full"));
+    reaches("route peers", 2.0, || connected(&d, "route"));
+    assert_eq!(third.poll(zmq::POLLIN, 300).unwrap(), 0, "the third peer of 127.0.0.2 was answered");
+
+    let others = [dealer_from(&ctx, "127.0.0.3", &route), dealer_from(&ctx, "127.0.0.3", &route), dealer(&ctx, &route)];
+    for (i, s) in others.iter().enumerate() {
+        ping(s, 10 + i as u64);
+    }
+    reaches("route peers", 5.0, || connected(&d, "route"));
+    let sixth = dealer_from(&ctx, "127.0.0.4", &route);
+    dealer_send(&sixth, vec![query("ping", 6, &[])]);
+    reaches("socket refusals", 1.0, || refused(&d, "route"));
+    assert_eq!(refused_for(&d, "route", "address_full"), Some(1.0));
+    assert_eq!(sixth.poll(zmq::POLLIN, 300).unwrap(), 0, "the socket's sixth peer was answered");
+
+    // One of 127.0.0.2's leaves: its address may connect once more.
+    drop(first);
+    reaches("route peers", 3.0, || connected(&d, "route"));
+    let again = dealer_from(&ctx, "127.0.0.2", &route);
+    ping(&again, 20);
+    assert_eq!([refused(&d, "route"), refused_for(&d, "route", "address_full")], [Some(1.0), Some(1.0)]);
+}
+
+/// A peer that connects and never greets (a bare TCP connection) is closed
+/// when the 5 s handshake deadline passes, freeing its slot: with the cap
+/// at five held by five silent connections, a frontend is served once
+/// their deadline has passed.
+#[test]
+fn silent_connections_are_closed_at_the_handshake_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let route = format!("tcp://127.0.0.1:{}", free_port());
+    let d = capped(Some(&route), &dir);
+    let port: u16 = route.rsplit(':').next().unwrap().parse().unwrap();
+    let silent: Vec<std::net::TcpStream> =
+        (0..5).map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    reaches("route peers", 5.0, || connected(&d, "route"));
+    let started = std::time::Instant::now();
+    reaches("route peers", 0.0, || connected(&d, "route"));
+    let waited = started.elapsed();
+    println!("five silent connections closed after {waited:?}");
+    ping(&dealer(&zmq::Context::new(), &route), 1);
+    assert_eq!(refused(&d, "route"), Some(0.0));
+    drop(silent);
 }
 
 /// What the count rests on, checked against the vendored libzmq (4.3):

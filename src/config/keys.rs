@@ -192,6 +192,11 @@ pub const HEALTH_MAX_PEERS: IntKey =
 /// At least `engines.dp_size` when the stats bind is on: one publisher per rank.
 pub const STATS_MAX_PEERS: IntKey =
     IntKey { key: Key::new(SERVER, "stats_max_peers"), default: 1024, min: 1, max: 1 << 20 };
+/// Connected TCP peers one source address (an IPv4 address, an IPv6 /64)
+/// holds on each bound socket: one hostile host fills at most this much of
+/// a socket, so the others can still connect (ipc peers are not counted).
+pub const MAX_PEERS_PER_ADDRESS: IntKey =
+    IntKey { key: Key::new(SERVER, "max_peers_per_address"), default: 128, min: 1, max: 1 << 20 };
 
 /// At most 1,024 ranks: memory, `/metrics` and each query's work grow with
 /// the rank count (at 4,096 ranks RSS passed 128 MiB once `/metrics` was
@@ -326,6 +331,7 @@ pub const ALL: [AnyKey; 56] = [
     AnyKey::Int(&ROUTE_MAX_PEERS),
     AnyKey::Int(&HEALTH_MAX_PEERS),
     AnyKey::Int(&STATS_MAX_PEERS),
+    AnyKey::Int(&MAX_PEERS_PER_ADDRESS),
     AnyKey::Int(&READMIT_UPDATES),
     AnyKey::Int(&VLLM_METRICS_INTERVAL_MS),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),

@@ -97,13 +97,15 @@ pub struct HttpLimits {
     pub idle_timeout: Duration,
 }
 
-/// The most connected peers of each bound socket; the ZAP handler refuses
-/// a new one beyond it (`io::peers`). Changed by a reload, like the allowlists.
+/// The most connected peers of each bound socket, and of one source address
+/// on each; the ZAP handler refuses a new one beyond either (`io::peers`).
+/// Changed by a reload, like the allowlists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCaps {
     pub route: u32,
     pub health: u32,
     pub stats: u32,
+    pub per_address: u32,
 }
 
 impl PeerCaps {

@@ -172,6 +172,7 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         route: s.int(&keys::ROUTE_MAX_PEERS)? as u32,
         health: s.int(&keys::HEALTH_MAX_PEERS)? as u32,
         stats: s.int(&keys::STATS_MAX_PEERS)? as u32,
+        per_address: s.int(&keys::MAX_PEERS_PER_ADDRESS)? as u32,
     };
     s.finish()?;
     Ok(Server {

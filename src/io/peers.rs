@@ -4,7 +4,9 @@
 //! Every peer costs libzmq about 38 KB (its stream buffers and the
 //! connection's pipes), and nothing else bounds how many connect, so each
 //! bound socket holds at most its `server.*_max_peers`; the ZAP handler
-//! refuses a new peer during its handshake when its socket is full.
+//! refuses a new peer during its handshake when its socket is full, or
+//! when its source address holds `server.max_peers_per_address` there
+//! (counted per socket by `peer_sources`).
 //!
 //! The count is libzmq's own: `ACCEPTED` adds one, `DISCONNECTED` takes one
 //! away. In libzmq 4.3 every accepted connection ends with exactly one
@@ -21,6 +23,9 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use std::os::fd::RawFd;
+
+use super::peer_sources::{BySource, Source};
 use super::sockets::{sock_err, TransportError};
 use crate::observability::metrics::{built, register};
 
@@ -59,8 +64,10 @@ pub fn watch(ctx: &zmq::Context, s: &zmq::Socket, name: &'static str) -> Result<
 struct Count {
     name: &'static str,
     connected: u32,
+    sources: BySource,
     gauge: IntGauge,
-    refused: IntCounter,
+    /// Refusals by [`Refusal`], in its order.
+    refused: [IntCounter; 2],
 }
 
 /// The connected peers of every bound socket.
@@ -68,12 +75,29 @@ pub struct Peers {
     counts: Vec<Count>,
 }
 
-/// The connection change an event is: +1, -1, or none.
-fn change(event: &[u8]) -> i32 {
-    match event.get(..2).map(|id| u16::from_ne_bytes([id[0], id[1]])) {
-        Some(ACCEPTED) => 1,
-        Some(DISCONNECTED) => -1,
-        _ => 0,
+/// A connection event: its kind and file descriptor (libzmq's event frame
+/// is the event id, u16, then its value, u32, native byte order).
+fn event_of(frame: &[u8]) -> Option<(u16, RawFd)> {
+    let id = u16::from_ne_bytes(frame.get(..2)?.try_into().ok()?);
+    let value = u32::from_ne_bytes(frame.get(2..6)?.try_into().ok()?);
+    Some((id, value as RawFd))
+}
+
+/// Why a new peer is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its socket holds its `*_max_peers`.
+    SocketFull,
+    /// Its source address holds `max_peers_per_address` on that socket.
+    AddressFull,
+}
+
+impl Refusal {
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::SocketFull => "socket_full",
+            Refusal::AddressFull => "address_full",
+        }
     }
 }
 
@@ -96,9 +120,10 @@ impl Peers {
             built(IntCounterVec::new(
                 Opts::new(
                     "dpcoord_peers_refused_total",
-                    "New peers refused because their socket held its *_max_peers.",
+                    "New peers refused: their socket held its *_max_peers (socket_full), or their \
+                     address held max_peers_per_address on it (address_full).",
                 ),
-                &["socket"],
+                &["socket", "reason"],
             )),
         );
         let counts = monitors
@@ -106,8 +131,10 @@ impl Peers {
             .map(|m| Count {
                 name: m.name,
                 connected: 0,
+                sources: BySource::default(),
                 gauge: gauge.with_label_values(&[m.name]),
-                refused: refused.with_label_values(&[m.name]),
+                refused: [Refusal::SocketFull, Refusal::AddressFull]
+                    .map(|r| refused.with_label_values(&[m.name, r.label()])),
             })
             .collect();
         Peers { counts }
@@ -123,21 +150,36 @@ impl Peers {
                 Err(zmq::Error::EAGAIN) => return Ok(false),
                 Err(e) => return Err(e),
             };
-            count.connected = count.connected.saturating_add_signed(change(&event[0]));
+            match event_of(&event[0]) {
+                Some((ACCEPTED, fd)) => {
+                    count.connected = count.connected.saturating_add(1);
+                    count.sources.accepted(fd);
+                }
+                Some((DISCONNECTED, fd)) => {
+                    count.connected = count.connected.saturating_sub(1);
+                    count.sources.disconnected(fd);
+                }
+                _ => {}
+            }
             count.gauge.set(i64::from(count.connected));
         }
         Ok(true)
     }
 
-    /// Whether a new peer of `domain`'s socket, already counted, makes it
-    /// hold more than `cap`; if so the refusal is counted.
-    pub fn refuse(&mut self, domain: &str, cap: u32) -> bool {
-        let Some(count) = self.counts.iter().find(|c| c.name == domain) else { return false };
-        let over = count.connected > cap;
-        if over {
-            count.refused.inc();
-        }
-        over
+    /// Whether a new peer of `domain`'s socket from `source`, already
+    /// counted, makes the socket hold more than `cap` or its source more
+    /// than `per_source`; a refusal is counted.
+    pub fn refuse(&mut self, domain: &str, source: Option<Source>, cap: u32, per_source: u32) -> Option<Refusal> {
+        let count = self.counts.iter().find(|c| c.name == domain)?;
+        let refusal = if count.connected > cap {
+            Refusal::SocketFull
+        } else if source.is_some_and(|s| count.sources.count(s) > per_source) {
+            Refusal::AddressFull
+        } else {
+            return None;
+        };
+        count.refused[refusal as usize].inc();
+        Some(refusal)
     }
 
     /// The place of `domain`'s monitor, to read it before a decision.
@@ -145,9 +187,12 @@ impl Peers {
         self.counts.iter().position(|c| c.name == domain)
     }
 
-    /// Connections `domain`'s socket holds.
-    pub fn connected(&self, domain: &str) -> u32 {
-        self.counts.iter().find(|c| c.name == domain).map_or(0, |c| c.connected)
+    /// Connections `domain`'s socket holds, and of those, `source`'s.
+    pub fn connected(&self, domain: &str, source: Option<Source>) -> (u32, u32) {
+        self.counts
+            .iter()
+            .find(|c| c.name == domain)
+            .map_or((0, 0), |c| (c.connected, source.map_or(0, |s| c.sources.count(s))))
     }
 }
 
@@ -162,10 +207,9 @@ mod tests {
     }
 
     #[test]
-    fn accepted_adds_disconnected_removes_others_change_nothing() {
-        assert_eq!(change(&event(ACCEPTED)), 1);
-        assert_eq!(change(&event(DISCONNECTED)), -1);
-        assert_eq!(change(&event(zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16)), 0);
-        assert_eq!(change(&[1]), 0);
+    fn events_carry_their_kind_and_descriptor() {
+        assert_eq!(event_of(&event(ACCEPTED)), Some((ACCEPTED, 7)));
+        assert_eq!(event_of(&event(DISCONNECTED)), Some((DISCONNECTED, 7)));
+        assert_eq!(event_of(&[1, 0, 7]), None);
     }
 }

@@ -1,12 +1,14 @@
 //! The ZAP handler: answers libzmq's questions about every new peer of the
 //! bound sockets, from the allowlists and peer caps in force (a reload may
 //! change them; the decisions themselves are in `access` and `peers`). An
-//! empty allowlist admits everyone; a socket holding its cap admits nobody new.
+//! empty allowlist admits everyone; a socket holding its cap admits nobody new,
+//! and an address holding its per-address cap on a socket admits no more there.
 
 use std::time::Instant;
 
 use super::access::{self, Verdict};
-use super::peers::{Monitor, Peers};
+use super::peer_sources::Source;
+use super::peers::{Monitor, Peers, Refusal};
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
 
@@ -32,20 +34,26 @@ impl<'a> Gate<'a> {
         self.peers.drain(i, &self.monitors[i].socket)
     }
 
-    /// Whether `domain`'s socket is over its cap with the peer asking now.
+    /// Whether the peer asking now, from `source`, takes `domain`'s socket
+    /// over its cap or its source over the per-address cap, and which.
     /// libzmq reports a connection (`ACCEPTED`) before its handshake can
     /// begin, so once its ZAP request is here, its event is in the monitor:
     /// reading the monitor now counts it, even when the event came after
     /// this round's read of the monitors.
-    fn over_cap(&mut self, domain: &str, cap: Option<u32>) -> Result<bool, zmq::Error> {
-        let (Some(cap), Some(i)) = (cap, self.peers.index(domain)) else { return Ok(false) };
+    fn over_cap(
+        &mut self,
+        domain: &str,
+        source: Option<Source>,
+        caps: Option<(u32, u32)>,
+    ) -> Result<Option<Refusal>, zmq::Error> {
+        let (Some((cap, per_source)), Some(i)) = (caps, self.peers.index(domain)) else { return Ok(None) };
         while self.count(i)? {}
-        Ok(self.peers.refuse(domain, cap))
+        Ok(self.peers.refuse(domain, source, cap, per_source))
     }
 }
 
 /// Answers one ZAP request: admit the peer if its socket's allowlist has
-/// its address and the socket holds fewer peers than its cap.
+/// its address and neither the socket nor that address holds its cap.
 fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result<(), zmq::Error> {
     let frames = zap.recv_multipart(zmq::DONTWAIT)?;
     let Some(req) = access::parse_request(&frames) else {
@@ -58,13 +66,16 @@ fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result
         _ => 2,
     };
     let listed = coord.allowlist(req.domain).map_or(true, |list| list.is_empty() || list.allows(req.address));
+    let source = Source::parse(req.address);
     let verdict = if !listed {
         coord.metrics().access_denied(req.domain);
         Verdict::NotAllowed
-    } else if gate.over_cap(req.domain, coord.peer_cap(req.domain))? {
-        Verdict::Full
     } else {
-        Verdict::Admit
+        match gate.over_cap(req.domain, source, coord.peer_cap(req.domain))? {
+            None => Verdict::Admit,
+            Some(Refusal::SocketFull) => Verdict::Full,
+            Some(Refusal::AddressFull) => Verdict::AddressFull,
+        }
     };
     // A refused peer may reconnect on its own, so this can repeat quickly.
     match verdict {
@@ -79,15 +90,15 @@ fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result
                 );
             }
         }
-        Verdict::Full => {
+        Verdict::Full | Verdict::AddressFull => {
             if let Some(suppressed) = gate.log.allow(3 + socket, Instant::now()) {
-                tracing::warn!(
-                    socket = req.domain,
-                    peer = req.address,
-                    connected = gate.peers.connected(req.domain),
-                    suppressed,
+                let (connected, from_address) = gate.peers.connected(req.domain, source);
+                let why = if verdict == Verdict::Full {
                     "connection refused: the socket holds its *_max_peers"
-                );
+                } else {
+                    "connection refused: the peer's address holds server.max_peers_per_address on this socket"
+                };
+                tracing::warn!(socket = req.domain, peer = req.address, connected, from_address, suppressed, "{why}");
             }
         }
     }

@@ -77,10 +77,11 @@ impl Coordinator {
         }
     }
 
-    /// The most connected peers of a ZAP domain's socket in force; `None`
-    /// without a configuration (no cap).
-    pub fn peer_cap(&self, domain: &str) -> Option<u32> {
-        self.config.as_ref()?.server.peers.of(domain)
+    /// The most connected peers of a ZAP domain's socket in force, and of
+    /// one source address on it; `None` without a configuration (no cap).
+    pub fn peer_cap(&self, domain: &str) -> Option<(u32, u32)> {
+        let peers = &self.config.as_ref()?.server.peers;
+        Some((peers.of(domain)?, peers.per_address))
     }
 
     pub(super) fn admin(&mut self, op: Admin, now: Instant) -> Result<(), WireError> {
