@@ -115,6 +115,44 @@ fn idle_connections_past_the_cap_leave_routing_and_healthz_answered() {
     assert_eq!(d.child.stop().code(), Some(0));
 }
 
+/// ZeroMQ peers are on the budget too: under `nofile` 256 the route
+/// socket holds at most a fifth of it (51), whatever `route_max_peers`
+/// says (1024 here, and a warning says so), so 100 connections from one
+/// process leave descriptors for the health socket and `/healthz`.
+#[test]
+fn zeromq_peers_hold_their_share_of_descriptors() {
+    let d = Limited::start(256, 256, "", "info");
+    let line = d.logged("route_max_peers 1024 is above");
+    assert!(line.contains("it holds at most 51 peers"), "{line}");
+    let route_peers = || d.metric(r#"dpcoord_peers_connected{socket="route"}"#);
+    eventually("the start-up client gone", || (route_peers() == Some(0.0)).then_some(()));
+    let peers: Vec<zmq::Socket> = (0..100)
+        .map(|i| {
+            let s = d.ctx.socket(zmq::DEALER).unwrap();
+            s.set_linger(0).unwrap();
+            s.set_reconnect_ivl(-1).unwrap();
+            s.connect(&d.route).unwrap();
+            dealer_send(&s, vec![query("ping", i, &[])]);
+            s
+        })
+        .collect();
+    let mut answered = [false; 100];
+    let refused = || d.metric(r#"dpcoord_peers_refused_total{reason="socket_full",socket="route"}"#);
+    let held = eventually("the connections settled", || {
+        for (s, seen) in peers.iter().zip(answered.iter_mut()) {
+            *seen |= s.recv_multipart(zmq::DONTWAIT).is_ok();
+        }
+        let n = answered.iter().filter(|&&a| a).count();
+        let settled = route_peers() == Some(n as f64) && refused() >= Some((100 - n) as f64);
+        settled.then_some(n)
+    });
+    assert!(held <= 51, "{held} route peers held, over a fifth of nofile 256");
+    assert_eq!(d.ping(&d.health), json!(true));
+    assert_eq!(http(d.metrics, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    drop(peers);
+    assert_eq!(d.child.stop().code(), Some(0));
+}
+
 /// Reads one response with a `content-length` body; (status, body).
 fn response(s: &mut TcpStream) -> (u16, String) {
     let mut raw = Vec::new();

@@ -35,6 +35,7 @@ impl Daemon {
     /// First the soft `nofile` limit is raised to the hard one (logged).
     pub fn start(cfg: &Config, source: ConfigSource) -> Result<Daemon, TransportError> {
         let fds = Budget::raise();
+        fds.log_peer_caps(&cfg.server.peers);
         crate::io::trim::start();
         let http = http::Limits::new(&cfg.server.http, &fds);
         let sockets = Sockets::open(cfg)?;

@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use super::access::{self, Verdict};
+use super::fds::Budget;
 use super::peer_sources::Source;
 use super::peers::{Monitor, Peers, Refusal};
 use crate::observability::ratelimit::LogLimiter;
@@ -20,13 +21,15 @@ const BATCH: usize = 256;
 pub struct Gate<'a> {
     pub peers: Peers,
     pub monitors: &'a [Monitor],
+    /// The descriptor budget, which may hold each socket below its cap.
+    fds: Budget,
     /// Per socket, allowlist refusals (0..3) and cap refusals (3..6).
     log: LogLimiter<6>,
 }
 
 impl<'a> Gate<'a> {
     pub fn new(peers: Peers, monitors: &'a [Monitor]) -> Gate<'a> {
-        Gate { peers, monitors, log: LogLimiter::default() }
+        Gate { peers, monitors, fds: Budget::current(), log: LogLimiter::default() }
     }
 
     /// Reads monitor `i`'s events; `true` when the batch limit stopped it first.
@@ -48,7 +51,7 @@ impl<'a> Gate<'a> {
     ) -> Result<Option<Refusal>, zmq::Error> {
         let (Some((cap, per_source)), Some(i)) = (caps, self.peers.index(domain)) else { return Ok(None) };
         while self.count(i)? {}
-        Ok(self.peers.refuse(domain, source, cap, per_source))
+        Ok(self.peers.refuse(domain, source, self.fds.peer_cap(domain, cap), per_source))
     }
 }
 
