@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod fds;
 pub mod http;
 pub mod ipc;
+mod links;
 mod peer_sources;
 mod peers;
 pub mod probe;

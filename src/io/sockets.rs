@@ -2,6 +2,7 @@
 //! in-process PULL among them), the route and health ROUTERs, and the ZAP
 //! handler behind peer allowlists and caps, with the monitors that count peers.
 
+use super::links::{self, Link};
 use super::peers::{self, Monitor};
 use super::scrape;
 use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
@@ -10,13 +11,23 @@ use crate::wire::{Channel, SourceKind};
 
 /// How long close waits to flush replies already queued.
 const LINGER_MS: i32 = 1000;
-/// High-water marks, in messages. Source messages may be dropped when
-/// dpcoord falls this far behind (libzmq drops at the publisher's pipe; the
-/// gap shows in `dpcoord_stats_missed_total`); a burst from every engine
-/// fits easily.
-const SOURCE_HWM: i32 = 10_000;
-/// KV event batches can be megabytes each: fewer of them queue.
-const KV_HWM: i32 = 1000;
+/// The most messages a source connection queues, whatever their size.
+/// Source messages may be dropped when dpcoord falls this far behind
+/// (libzmq drops at the publisher's pipe; the gap shows in
+/// `dpcoord_stats_missed_total`); a burst from every engine fits easily.
+const SOURCE_HWM: usize = 10_000;
+/// The most KV event batches a KV connection queues, whatever their size.
+const KV_HWM: usize = 1000;
+/// Bytes of messages one connection to a stats or SGLang load source may
+/// have queued for dpcoord to read (its high-water mark is this over the
+/// largest frame, within [`MIN_SOURCE_HWM`]..=[`SOURCE_HWM`]).
+pub const SOURCE_LINK_BYTES: usize = 2 << 20;
+const MIN_SOURCE_HWM: usize = 4;
+/// The same for one KV publisher's SUB and for its replay DEALER: at the
+/// default `kv_events.max_batch_bytes` one batch queued and one in libzmq's
+/// decoder, at small batch limits up to [`KV_HWM`].
+pub const KV_LINK_BYTES: usize = 8 << 20;
+const MIN_KV_HWM: usize = 1;
 /// libzmq's high-water marks count messages, not bytes; dpcoord derives
 /// them from byte budgets and the largest message a queue can hold, within
 /// these bounds (a mark of 0 would mean no limit).
@@ -86,6 +97,8 @@ pub struct Sockets {
     pub zap: zmq::Socket,
     /// The connection events of each bound socket (route, health, stats bind).
     pub monitors: Vec<Monitor>,
+    /// The link of each source dpcoord connects to, with its events.
+    pub links: Vec<Link>,
     ctx: zmq::Context,
 }
 
@@ -102,6 +115,21 @@ pub fn reply_hwm(max_reply: usize) -> i32 {
 /// 16..=`most`.
 fn inbound_hwm(backstop: i64, most: usize) -> i32 {
     (PEER_INBOUND_BYTES / backstop.max(1) as usize).clamp(MIN_INBOUND_HWM, most) as i32
+}
+
+/// The receive high-water mark of a connecting source whose frames libzmq
+/// caps at `limit` bytes: `budget` over it, within `least..=most`.
+fn link_hwm(budget: usize, limit: i64, least: usize, most: usize) -> i32 {
+    (budget / limit.max(1) as usize).clamp(least, most) as i32
+}
+
+/// libzmq's size limit per frame on a source dpcoord connects to: the
+/// source's own limit plus the slack the bound sockets' backstop has, so a
+/// message a little too large is still read and refused by dpcoord's check
+/// (counted, the link kept); a frame above closes the link, which
+/// `io::links` connects again.
+fn link_limit(own: usize) -> i64 {
+    (own as i64).saturating_add(BACKSTOP_SLACK)
 }
 
 /// Asks libzmq to consult the ZAP handler for this bound socket's peers.
@@ -139,11 +167,6 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zm
     Ok((s, monitor))
 }
 
-/// A source SUB socket subscribed to everything.
-fn subscriber(ctx: &zmq::Context, name: &'static str) -> Result<zmq::Socket, TransportError> {
-    subscribed(ctx, name, b"", SOURCE_HWM)
-}
-
 /// A source SUB socket subscribed to `topic` (a prefix).
 fn subscribed(ctx: &zmq::Context, name: &'static str, topic: &[u8], hwm: i32) -> Result<zmq::Socket, TransportError> {
     let s = ctx.socket(zmq::SUB).map_err(sock_err(name))?;
@@ -152,6 +175,30 @@ fn subscribed(ctx: &zmq::Context, name: &'static str, topic: &[u8], hwm: i32) ->
     s.set_rcvhwm(hwm).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     Ok(s)
+}
+
+/// Where the sources go, and the links of those that connect.
+struct Opened {
+    sources: Vec<Source>,
+    links: Vec<Link>,
+}
+
+impl Opened {
+    /// Adds a connecting source: `s` (options set) limited to `limit`
+    /// bytes per frame, connected to `endpoint` under watch.
+    fn connect(
+        &mut self,
+        ctx: &zmq::Context,
+        s: zmq::Socket,
+        kind: SourceKind,
+        limit: i64,
+        endpoint: &str,
+    ) -> Result<(), TransportError> {
+        s.set_maxmsgsize(limit).map_err(sock_err(kind.as_str()))?;
+        self.links.push(links::connect(ctx, &s, self.sources.len(), kind.as_str(), endpoint)?);
+        self.sources.push(Source { socket: s, kind });
+        Ok(())
+    }
 }
 
 /// The endpoints dpcoord connects to, by source kind. A new source is a
@@ -172,59 +219,59 @@ fn scraped(ctx: &zmq::Context, srv: &Server) -> Result<Source, TransportError> {
 }
 
 /// The engine sources: a SUB bound at `stats_bind` (under the allowlist and
-/// libzmq's size backstop), and per kind one SUB that connects to every
-/// endpoint of that kind. Connecting sockets are their own: on a shared
-/// socket libzmq would check dpcoord's own outgoing links against the
-/// allowlist too, and a connecting socket never reconnects a link libzmq
-/// closed over an oversized frame (the coordinator drops those itself).
-fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Result<Vec<Source>, TransportError> {
+/// libzmq's size backstop), and per endpoint of each kind dpcoord connects
+/// to its own socket, each with its own byte bound ([`link_limit`],
+/// [`link_hwm`]) and its link watched (`io::links`: libzmq never reconnects
+/// a link it closed over an oversized frame; dpcoord does). Connecting
+/// sockets are never shared with the bound one: there libzmq would check
+/// dpcoord's own outgoing links against the allowlist too.
+fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Result<Opened, TransportError> {
     let srv = &cfg.server;
-    let mut sources = Vec::new();
+    let mut out = Opened { sources: Vec::new(), links: Vec::new() };
     if let Some(ep) = &srv.stats_bind {
-        let s = subscriber(ctx, "stats")?;
+        let s = subscribed(ctx, "stats", b"", SOURCE_HWM as i32)?;
         guard(&s, "stats")?;
         monitors.push(peers::watch(ctx, &s, "stats")?);
         s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
-        s.set_rcvhwm(inbound_hwm(backstop(cfg), SOURCE_HWM as usize)).map_err(sock_err("stats"))?;
+        s.set_rcvhwm(inbound_hwm(backstop(cfg), SOURCE_HWM)).map_err(sock_err("stats"))?;
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
         crate::io::ipc::set_mode(&s, srv.ipc_mode)?;
-        sources.push(Source { socket: s, kind: SourceKind::Stats });
+        out.sources.push(Source { socket: s, kind: SourceKind::Stats });
     }
-    for (kind, endpoints) in connected(srv).into_iter().filter(|(_, eps)| !eps.is_empty()) {
-        let s = subscriber(ctx, kind.as_str())?;
+    let limit = link_limit(cfg.settings.limits.max_message_bytes);
+    let hwm = link_hwm(SOURCE_LINK_BYTES, limit, MIN_SOURCE_HWM, SOURCE_HWM);
+    for (kind, endpoints) in connected(srv) {
         for ep in endpoints {
-            s.connect(ep).map_err(endpoint_err("connect", kind.as_str(), ep))?;
+            out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
         }
-        sources.push(Source { socket: s, kind });
     }
     if !srv.vllm_metrics_url.is_empty() {
-        sources.push(scraped(ctx, srv)?);
+        out.sources.push(scraped(ctx, srv)?);
     }
-    sources.extend(kv_sources(ctx, srv)?);
-    Ok(sources)
+    kv_sources(ctx, cfg, &mut out)?;
+    Ok(out)
 }
 
 /// Per KV publisher (one rank each), its own SUB, so that its `seq` is
 /// known to be its own, and a DEALER to its replay socket if it has one.
-fn kv_sources(ctx: &zmq::Context, srv: &Server) -> Result<Vec<Source>, TransportError> {
-    let mut out = Vec::new();
+fn kv_sources(ctx: &zmq::Context, cfg: &Config, out: &mut Opened) -> Result<(), TransportError> {
+    let srv = &cfg.server;
+    let limit = link_limit(cfg.settings.kv.max_batch_bytes);
+    let hwm = link_hwm(KV_LINK_BYTES, limit, MIN_KV_HWM, KV_HWM);
     for (i, ep) in srv.kv_events.iter().enumerate() {
         let stream = i as u16; // the config allows at most 65535 publishers
         let kind = SourceKind::KvEvents { stream, replay: false };
-        let s = subscribed(ctx, kind.as_str(), srv.kv_topic.as_bytes(), KV_HWM)?;
-        s.connect(&ep.connect).map_err(endpoint_err("connect", kind.as_str(), &ep.connect))?;
-        out.push(Source { socket: s, kind });
+        out.connect(ctx, subscribed(ctx, kind.as_str(), srv.kv_topic.as_bytes(), hwm)?, kind, limit, &ep.connect)?;
         if let Some(replay) = &ep.replay {
             let kind = SourceKind::KvEvents { stream, replay: true };
             let d = ctx.socket(zmq::DEALER).map_err(sock_err(kind.as_str()))?;
             d.set_linger(0).map_err(sock_err(kind.as_str()))?;
-            d.set_rcvhwm(KV_HWM).map_err(sock_err(kind.as_str()))?;
+            d.set_rcvhwm(hwm).map_err(sock_err(kind.as_str()))?;
             d.set_ipv6(true).map_err(sock_err(kind.as_str()))?;
-            d.connect(replay).map_err(endpoint_err("connect", kind.as_str(), replay))?;
-            out.push(Source { socket: d, kind });
+            out.connect(ctx, d, kind, limit, replay)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 impl Sockets {
@@ -236,11 +283,11 @@ impl Sockets {
         let zap = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
         zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
         let mut monitors = Vec::with_capacity(3);
-        let sources = sources(&ctx, cfg, &mut monitors)?;
+        let Opened { sources, links } = sources(&ctx, cfg, &mut monitors)?;
         let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
         let (health, health_peers) = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
         monitors.extend([route_peers, health_peers]);
-        Ok(Sockets { sources, route, health, zap, monitors, ctx })
+        Ok(Sockets { sources, route, health, zap, monitors, links, ctx })
     }
 
     /// The sockets' context, for in-process peers (the scraper).
@@ -267,5 +314,14 @@ mod tests {
         assert_eq!(inbound_hwm(65_536 + BACKSTOP_SLACK, MAX_QUERY_HWM), 64);
         assert_eq!(inbound_hwm((16 << 20) + BACKSTOP_SLACK, MAX_QUERY_HWM), 16);
         assert_eq!(inbound_hwm(256 + BACKSTOP_SLACK, 10_000), 127);
+    }
+
+    #[test]
+    fn source_link_marks_follow_the_sources_own_limits() {
+        let stats = |max: usize| link_hwm(SOURCE_LINK_BYTES, link_limit(max), MIN_SOURCE_HWM, SOURCE_HWM);
+        assert_eq!([stats(65_536), stats(256), stats(16 << 20)], [16, 31, 4], "default, least, most");
+        let kv = |max: usize| link_hwm(KV_LINK_BYTES, link_limit(max), MIN_KV_HWM, KV_HWM);
+        assert_eq!([kv(4 << 20), kv(64 << 10), kv(1024), kv(1 << 28)], [1, 64, 126, 1], "default, small, least, most");
+        assert_eq!(link_limit(4 << 20), (4 << 20) + 65_536);
     }
 }

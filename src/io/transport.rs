@@ -1,13 +1,15 @@
 //! ZeroMQ transport: the only code that moves messages on sockets.
 //!
 //! One thread polls the engine sources, the route and health ROUTER
-//! sockets, the ZAP handler and the bound sockets' connection monitors; it hands each source message (all its
+//! sockets, the ZAP handler, the bound sockets' connection monitors and the
+//! connecting sources' link events; it hands each source message (all its
 //! frames) and each query to the coordinator, and sends the reply back
 //! along the request's envelope. There is no routing logic here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::links::{Link, Relinks};
 use super::peers::{Monitor, Peers};
 use super::sockets::{sock_err, Sockets, Source, TransportError};
 use super::zap::{self, Gate};
@@ -129,6 +131,8 @@ pub struct Control {
 enum Polled<'a> {
     /// The connection events of a bound socket, the `usize`-th monitor.
     Monitor(usize, &'a Monitor),
+    /// The events of the `usize`-th link to a source dpcoord connects to.
+    Link(usize, &'a Link),
     Zap(&'a zmq::Socket),
     Source(&'a Source),
     Query(&'a zmq::Socket, Channel),
@@ -139,6 +143,7 @@ impl Polled<'_> {
         match self {
             Polled::Zap(s) | Polled::Query(s, _) => s,
             Polled::Monitor(_, m) => &m.socket,
+            Polled::Link(_, l) => &l.monitor,
             Polled::Source(src) => &src.socket,
         }
     }
@@ -147,15 +152,17 @@ impl Polled<'_> {
         match self {
             Polled::Zap(..) => "zap",
             Polled::Monitor(_, m) => m.name,
+            Polled::Link(..) => "links",
             Polled::Source(src) => src.kind.as_str(),
             Polled::Query(_, ch) => ch.as_str(),
         }
     }
 
     /// Serves what is waiting; `true` when the batch limit stopped it first.
-    fn drain(&self, q: &mut Queries<'_>, gate: &mut Gate<'_>) -> Result<bool, TransportError> {
+    fn drain(&self, q: &mut Queries<'_>, gate: &mut Gate<'_>, relinks: &mut Relinks) -> Result<bool, TransportError> {
         let served = match *self {
             Polled::Monitor(i, _) => gate.count(i),
+            Polled::Link(i, l) => relinks.drain(i, &l.monitor, Instant::now()),
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q),
             Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
@@ -173,15 +180,18 @@ impl Polled<'_> {
 /// signals a change, so every socket is read until EAGAIN, which leaves it
 /// armed to signal the next message; a socket its batch limit stopped early
 /// is served again without waiting. Sockets are served in the order
-/// monitors, ZAP, sources, route, health: a round counts the connections
-/// it knows of before it answers ZAP about them.
+/// monitors, ZAP, source links, sources, route, health: a round counts the
+/// connections it knows of before it answers ZAP about them. After each
+/// round, source links libzmq closed for good are connected again
+/// (`io::links`).
 pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Result<(), TransportError> {
-    let Sockets { sources, route, health, zap, monitors, .. } = &sockets;
+    let Sockets { sources, route, health, zap, monitors, links, .. } = &sockets;
     let polled: Vec<Polled<'_>> = monitors
         .iter()
         .enumerate()
         .map(|(i, m)| Polled::Monitor(i, m))
         .chain([Polled::Zap(zap)])
+        .chain(links.iter().enumerate().map(|(i, l)| Polled::Link(i, l)))
         .chain(sources.iter().map(Polled::Source))
         .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
         .collect();
@@ -191,6 +201,7 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
     }
     let drops = Drops::new(&coord.metrics().registry);
     let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors);
+    let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
     let mut q = Queries { frames: Frames::new(), coord, drops };
     let mut asks = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
@@ -205,9 +216,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         if now >= coord.next_tick() {
             coord.tick(now);
         }
+        let wake = relinks.next_due().map_or(coord.next_tick(), |due| due.min(coord.next_tick()));
         let wait = match unfinished.contains(&true) {
             true => 0,
-            false => coord.next_tick().saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
+            false => wake.saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
         };
         let signalled = match zmq::poll(&mut items, wait) {
             Ok(n) => n > 0,
@@ -219,9 +231,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         let timed_out = wait > 0 && !signalled;
         for (i, p) in polled.iter().enumerate() {
             if unfinished[i] || timed_out || items[i].is_readable() {
-                unfinished[i] = p.drain(&mut q, &mut gate)?;
+                unfinished[i] = p.drain(&mut q, &mut gate, &mut relinks)?;
             }
         }
+        relinks.reconnect_due(links, sources, Instant::now());
         q.coord.take_replay_asks(&mut asks);
         for (stream, from) in asks.drain(..) {
             ask_replay(sources, stream, from);
