@@ -299,3 +299,101 @@ fn an_oversized_replay_frame_closes_the_link_and_the_next_replay_uses_the_new_on
     stop.store(true, Ordering::SeqCst);
     assert_eq!(replays.join().unwrap(), 2, "the huge answer, then the replay");
 }
+
+/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
+const LIMIT_KIB: u64 = 128 * 1024;
+/// The default `kv_events.max_batch_bytes`.
+const KV_DEFAULT_MAX: usize = 4 << 20;
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A `KVEventBatch` map of exactly `bytes` bytes: no events, rank 0, and a
+/// `pad` field dpcoord skips (so the index does not grow: the bytes are the
+/// transport's to hold).
+fn padded(bytes: usize) -> Vec<u8> {
+    let head = map(&[("events", M::Array(vec![])), ("dp_rank", M::from(0)), ("pad", M::Binary(vec![]))]);
+    // bin32: the marker and a 4-byte length replace the empty bin8 (2 bytes).
+    let pad = bytes - (head.len() - 2) - 5;
+    let mut out = head[..head.len() - 2].to_vec();
+    out.push(0xc6);
+    out.extend_from_slice(&(pad as u32).to_be_bytes());
+    out.resize(bytes, 0);
+    out
+}
+
+/// A KV publisher and its replay socket flood dpcoord (at the defaults)
+/// with batches of exactly `kv_events.max_batch_bytes` and, every tenth,
+/// one above libzmq's limit: the live SUB's link and the replay DEALER's
+/// (each replay request is answered with 3 such batches and an oversized
+/// frame) are closed and connected again over and over. dpcoord's peak RSS
+/// stays under the Kubernetes limit and a route client is answered throughout.
+#[test]
+fn a_kv_publisher_flooding_maximum_and_oversized_batches_stays_under_the_ceiling() {
+    let ctx = zmq::Context::new();
+    let (pub_ep, replay_ep) = (format!("tcp://127.0.0.1:{}", free_port()), format!("tcp://127.0.0.1:{}", free_port()));
+    let publ = ctx.socket(zmq::PUB).unwrap();
+    publ.set_linger(0).unwrap();
+    publ.set_sndhwm(4).unwrap();
+    publ.bind(&pub_ep).unwrap();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.set_linger(0).unwrap();
+    router.set_sndhwm(4).unwrap();
+    router.set_rcvtimeo(20).unwrap();
+    router.bind(&replay_ep).unwrap();
+    let (max, huge) = (padded(KV_DEFAULT_MAX), padded(KV_DEFAULT_MAX + SLACK + 1));
+    let mut rest = &max[..];
+    let decoded = rmpv::decode::read_value(&mut rest).unwrap();
+    assert_eq!(
+        (max.len(), rest.len(), decoded["pad"].as_slice().map(<[u8]>::len)),
+        (KV_DEFAULT_MAX, 0, Some(KV_DEFAULT_MAX - 27))
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let replays = {
+        let (stop, max, huge) = (Arc::clone(&stop), max.clone(), huge.clone());
+        std::thread::spawn(move || {
+            let mut requests = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(req) = router.recv_multipart(0) else { continue };
+                requests += 1;
+                for seq in 0..4u64 {
+                    let payload = if seq == 3 { &huge } else { &max };
+                    // A full pipe drops (ROUTER): the flood goes on as fast as dpcoord reads.
+                    let _ = router.send_multipart([&req[0][..], b"", b"", &seq.to_be_bytes(), payload], zmq::DONTWAIT);
+                }
+            }
+            requests
+        })
+    };
+    let d = Daemon::frozen("1", &["--kv-events-connect", &pub_ep, "--kv-events-replay", &replay_ep]);
+    d.bring_up(&d.publisher(), &[0]);
+    let before = status_kib(d.pid(), "VmRSS");
+    let client = d.client();
+    let links = |source: &str, ep: &str| reconnects(&d, source, ep).unwrap_or(0.0);
+    let mut seq = 0u64;
+    eventually("each link closed by an oversized frame and connected again, more than once", || {
+        for _ in 0..10 {
+            seq += 1;
+            let payload = if seq % 10 == 0 { &huge } else { &max };
+            publ.send_multipart([&b""[..], &seq.to_be_bytes(), payload], 0).unwrap();
+        }
+        let r = client.call(json!({"v": 1, "op": "route", "id": seq}));
+        assert_eq!(r["ok"], json!(true), "route during the flood: {r}");
+        assert_eq!(d.http_get("/healthz").0, 200, "/healthz during the flood");
+        (links("kv_events", &pub_ep) >= 3.0 && links("kv_replay", &replay_ep) >= 2.0).then_some(())
+    });
+    let peak = status_kib(d.pid(), "VmHWM");
+    println!(
+        "KV flood: RSS before {before} KiB, peak {peak} KiB; {} + {} reconnects; {} batches ok",
+        links("kv_events", &pub_ep),
+        links("kv_replay", &replay_ep),
+        kv(&d, r#"dpcoord_kv_batches_total{result="ok"}"#)
+    );
+    assert!(peak < LIMIT_KIB, "peak RSS {peak} KiB is over the {LIMIT_KIB} KiB limit");
+    assert_eq!(d.stop().code(), Some(0));
+    stop.store(true, Ordering::SeqCst);
+    assert!(replays.join().unwrap() >= 1);
+}
