@@ -24,14 +24,15 @@ from typing import Any, Callable, Generator, Iterable
 import zmq
 
 from . import _core
-from ._core import Endpoint, LocalRouter, log
+from ._core import Endpoint, LocalRouter
+from ._endpoints import Endpoints
 from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
 
 #: A call's flow: yields steps, gets their results sent back, returns the call's result.
 Steps = Generator[tuple, Any, Any]
 
 
-class ClientBase:
+class ClientBase(Endpoints):
     """What both clients hold; subclasses add the calls that wait on sockets.
 
     ``_context_class`` is the ZeroMQ context type whose shared instance is used
@@ -84,6 +85,7 @@ class ClientBase:
         self.last_endpoint: str | None = None
         #: health_report calls that could not be delivered (no endpoint answered).
         self.dropped_reports = 0
+        self.refusals = 0
         self._instance: str | None = None
 
     def _new_lock(self) -> Any:
@@ -257,7 +259,11 @@ class ClientBase:
             self._local.observe_state(state, self.last_endpoint)
 
     def _exchange(self, ep: Endpoint, payload: bytes) -> Steps:
-        """One request and its reply, or None after ``timeout_ms`` (socket reset)."""
+        """One request and its reply, or None after ``timeout_ms`` or as soon as
+        dpcoord refuses the connection (socket reset either way). None at once,
+        nothing sent, while a refused endpoint's backoff runs."""
+        if ep.refusal.waiting():
+            return None
         if ep.sock is None or ep.probe_at is not None:
             self._reset(ep)
             self._open(ep)
@@ -271,11 +277,14 @@ class ClientBase:
             ep.probe_at = None
             self._mark_up(ep)
             return
-        if time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
+        if self._refused_now(ep):
+            if not ep.refusal.waiting():
+                self._reset(ep)  # refused sockets never connect again: a new one and probe now
+        elif time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
             self._reset(ep)  # lazy pirate: a fresh socket and probe on the next call
 
     def _ensure_probe(self, ep: Endpoint) -> Steps:
-        if ep.probe_at is not None:
+        if ep.probe_at is not None or ep.refusal.waiting():
             return
         self._reset(ep)
         self._open(ep)
@@ -370,43 +379,3 @@ class ClientBase:
         reply = _core.decode(raw, query.get("id"))
         self.last_endpoint = ep.address
         return reply
-
-    # -- endpoint bookkeeping ---------------------------------------------------------
-
-    def _where(self, channel: str) -> str:
-        eps = self._eps[channel]
-        if not eps:
-            return f"no {channel} endpoint configured"
-        return "no answer within {} ms from {}".format(self.timeout_ms, ", ".join(ep.address for ep in eps))
-
-    def _reset(self, ep: Endpoint) -> None:
-        if ep.sock is not None:
-            ep.sock.close(linger=0)
-        ep.sock = None
-        ep.probe_at = None
-
-    def _open(self, ep: Endpoint) -> zmq.Socket:
-        if self._closed:
-            raise RuntimeError("the client is closed")
-        sock = self._ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(ep.address)
-        ep.sock = sock
-        return sock
-
-    def _reset_all(self) -> None:
-        self._closed = True
-        for eps in self._eps.values():
-            for ep in eps:
-                self._reset(ep)
-
-    def _mark_down(self, ep: Endpoint) -> None:
-        if not ep.down:
-            log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
-            ep.down = True
-
-    def _mark_up(self, ep: Endpoint) -> None:
-        if ep.down:
-            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
-            ep.down = False
-            self._local.forget_source()  # it may have restarted: refresh the snapshot

@@ -13,6 +13,7 @@ from typing import Any
 import msgpack
 
 from . import prefix
+from ._refusal import Refusals
 from .errors import (
     BadRequestError,
     InvalidRankError,
@@ -218,6 +219,8 @@ class Endpoint:
     ``down`` after a call found no answer within the timeout; while down, user calls
     do not wait on it: a ``ping`` probe is left in flight (``probe_at``) and checked
     without blocking on each call, so the endpoint is used again as soon as it answers.
+    ``watch`` reads the socket's handshakes; ``refusal`` says whether dpcoord's
+    latest one was a refusal, and when a new socket may be opened.
     """
 
     address: str
@@ -225,6 +228,8 @@ class Endpoint:
     sock: Any = None
     down: bool = False
     probe_at: float | None = None
+    watch: Any = None
+    refusal: Refusals = field(default_factory=Refusals)
 
 
 # -- local fallback -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Sequence
 
 import zmq
@@ -104,10 +105,17 @@ class AsyncRouterClient(ClientBase):
         done = False
         try:
             await sock.send(payload, zmq.NOBLOCK)
-            if await sock.poll(self.timeout_ms, zmq.POLLIN):
-                raw = await sock.recv()
-                done = True
-                return raw
+            poller = zmq.asyncio.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(ep.watch.sock, zmq.POLLIN)  # the handshake's outcome
+            end = time.monotonic() + self.timeout_ms / 1000
+            while (left := end - time.monotonic()) > 0:
+                if sock in dict(await poller.poll(left * 1000)):
+                    raw = await sock.recv()
+                    done = True
+                    return raw
+                if self._refused_now(ep):
+                    break
         except zmq.ZMQError:
             pass
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Sequence
 
 import zmq
@@ -30,6 +31,10 @@ class RouterClient(ClientBase):
       engine has reported to yet (every rank, or the pinned one, ``unknown``: it
       just restarted) goes to the next endpoint, then to the local fallback, so a
       dpcoord restart leaves no request without a rank.
+    * A connection dpcoord refuses during its handshake (the socket is full, or
+      this address is not allowed) ends the wait at once and marks the endpoint
+      down, counted in :attr:`refusals`; libzmq would not connect that socket
+      again, so a new one is probed after a backoff (0.1 s, doubling to 2 s).
 
     A call takes at most about ``timeout_ms`` per endpoint that is believed up (and
     ``timeout_ms`` when another thread holds the client, after which ``route`` falls
@@ -137,8 +142,15 @@ class RouterClient(ClientBase):
         sock = ep.sock
         try:
             sock.send(payload, zmq.NOBLOCK)
-            if sock.poll(self.timeout_ms, zmq.POLLIN):
-                return sock.recv()
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(ep.watch.sock, zmq.POLLIN)  # the handshake's outcome
+            end = time.monotonic() + self.timeout_ms / 1000
+            while (left := end - time.monotonic()) > 0:
+                if sock in dict(poller.poll(left * 1000)):
+                    return sock.recv()
+                if self._refused_now(ep):
+                    break
         except zmq.ZMQError:
             pass
         self._reset(ep)

@@ -1,8 +1,8 @@
 """Typed errors: one class per error code of the dpcoord wire contract.
 
-Every refusal dpcoord sends is ``{"ok": false, "error": {"code": C, "message": M}}``;
-the client raises ``ERRORS[C]`` (a :class:`DpcoordError` subclass) carrying ``code``,
-``message`` and the echoed ``id``. A code this client does not know yet raises the
+Every refusal dpcoord sends is ``{"ok": false, "id": I, "epoch": E, "error": {"code": C,
+"message": M}}``; the client raises ``ERRORS[C]`` (a :class:`DpcoordError` subclass)
+carrying ``code``, ``message``, the echoed ``id`` and dpcoord's ``epoch``. A code this client does not know yet raises the
 base class, so ``except DpcoordError`` always catches it.
 """
 
@@ -16,14 +16,18 @@ class DpcoordError(Exception):
 
     ``code`` is the contract's error code (``"bad_request"``, ``"invalid_rank"``, ...)
     or, for the two client-side conditions, ``"unreachable"`` / ``"protocol"``.
+    ``id`` is the query's id as dpcoord echoed it (None when it could not read
+    one); ``epoch`` is dpcoord's epoch when it refused (None when the refusal
+    carries none, and for the client-side conditions).
     """
 
     code: str = "error"
 
-    def __init__(self, code: str | None = None, message: str = "", id: Any = None):
+    def __init__(self, code: str | None = None, message: str = "", id: Any = None, epoch: int | None = None):
         self.code = code or type(self).code
         self.message = message
         self.id = id
+        self.epoch = epoch
         super().__init__(f"{self.code}: {message}" if message else self.code)
 
 
@@ -98,12 +102,15 @@ ERRORS: dict[str, type[DpcoordError]] = {
 
 def error_from_reply(reply: dict) -> DpcoordError:
     """The exception for an ``ok: false`` reply."""
+    epoch = reply.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        epoch = None
     err = reply.get("error")
     if not isinstance(err, dict):
-        return ProtocolError(message=f"refusal without an error map: {reply!r}", id=reply.get("id"))
+        return ProtocolError(message=f"refusal without an error map: {reply!r}", id=reply.get("id"), epoch=epoch)
     code = err.get("code")
     message = err.get("message") or ""
     if not isinstance(code, str):
-        return ProtocolError(message=f"refusal without a string code: {reply!r}", id=reply.get("id"))
+        return ProtocolError(message=f"refusal without a string code: {reply!r}", id=reply.get("id"), epoch=epoch)
     cls = ERRORS.get(code, DpcoordError)
-    return cls(code, str(message), reply.get("id"))
+    return cls(code, str(message), reply.get("id"), epoch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import numbers
 import threading
@@ -12,11 +13,15 @@ from typing import Any, Sequence
 import msgpack
 import zmq
 
+from . import _refusal
+
 VERSION = 1
 U64 = 2**64
 
 COUNTS = ("waiting", "running", "received", "finished", "failed")
 COUNTERS = ("received", "finished", "failed")
+
+log = logging.getLogger("dpcoord.publisher")
 
 
 def _uint(name: str, value: Any) -> int:
@@ -56,6 +61,16 @@ class StatsPublisher:
     anything is sent and raises :class:`ValueError` on a breach, so dpcoord never
     has to drop an update as malformed. PUB/SUB drops what is sent before a
     subscriber is connected: publish periodically (every 50-100 ms), not once.
+
+    With ``bind=False``, a connection dpcoord refuses (its stats bind already
+    holds ``server.stats_max_peers`` peers, or this address is not in
+    ``server.stats_allow``) is never retried by libzmq: :meth:`publish` sees the
+    refusal on the socket's monitor, counts it in :attr:`refusals`, logs it
+    (``dpcoord.publisher``, once per run of refusals) and, from the first
+    :meth:`publish` after a backoff (0.1 s, doubling up to 2 s), sends on a new
+    socket. ``boot`` and ``seq`` carry on, so the publisher stays one incarnation:
+    the updates sent meanwhile are lost, a ``seq`` gap that dpcoord counts in
+    ``dpcoord_stats_missed_total`` when it had already heard this boot.
     Thread-safe.
     """
 
@@ -75,14 +90,54 @@ class StatsPublisher:
         self.endpoint = endpoint
         self._last: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._sock = (context or zmq.Context.instance()).socket(zmq.PUB)
-        self._sock.setsockopt(zmq.LINGER, linger_ms)
+        self._ctx = context or zmq.Context.instance()
+        self._linger_ms = linger_ms
+        #: Connections dpcoord refused during their handshake (``bind=False`` only).
+        self.refusals = 0
+        self._watch: _refusal.Watch | None = None
+        self._refusal = _refusal.Refusals()
+        self._sock = self._new_socket()
         if bind:
             self._sock.bind(endpoint)
             # The bound address, resolved (e.g. "tcp://127.0.0.1:*" -> a real port).
             self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
-            self._sock.connect(endpoint)
+            self._connect()
+
+    def _new_socket(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, self._linger_ms)
+        return sock
+
+    def _connect(self) -> None:
+        """Connects ``self._sock``, watching its handshakes."""
+        self._watch = _refusal.Watch(self._sock)
+        self._sock.connect(self.endpoint)
+
+    def _recover(self) -> None:
+        """Takes in the refusals the monitor saw; once the backoff allows, replaces
+        a refused socket by a new one (libzmq would not connect it again)."""
+        if self._watch is None:
+            return
+        refused, change = self._refusal.take(self._watch)
+        self.refusals += refused
+        if change == "refused":
+            log.warning(
+                "stats publisher of rank %d: dpcoord at %s refused the connection (%s); its updates are lost"
+                " until one is admitted: a new connection in %.2f s, then every %g s at most",
+                self.rank,
+                self.endpoint,
+                _refusal.MEANING.format(channel="stats"),
+                self._refusal.delay_s(),
+                self._refusal.backoff.max_s,
+            )
+        elif change == "admitted":
+            log.info("stats publisher of rank %d: dpcoord at %s admitted the connection", self.rank, self.endpoint)
+        if self._watch.outcome == "refused" and not self._refusal.waiting():
+            self._sock.close(linger=0)  # nothing it holds can reach dpcoord
+            self._watch.close()
+            self._sock = self._new_socket()
+            self._connect()
 
     def build(
         self,
@@ -134,6 +189,7 @@ class StatsPublisher:
         requests belong in none of them."""
         with self._lock:
             update = self.build(*args, **kwargs)
+            self._recover()
             self._sock.send(msgpack.packb(update, use_bin_type=True))
             self.seq = update["seq"]
             self._last = dict(zip(COUNTS, update["counts"]))
@@ -163,7 +219,10 @@ class StatsPublisher:
             self._last = dict(zip(COUNTERS, (_uint(n, c) for n, c in zip(COUNTERS, counters))))
 
     def close(self) -> None:
-        self._sock.close()
+        with self._lock:
+            self._sock.close()
+            if self._watch is not None:
+                self._watch.close()
 
     def __enter__(self) -> "StatsPublisher":
         return self

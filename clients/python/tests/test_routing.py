@@ -93,11 +93,13 @@ def test_typed_errors_carry_the_contract_code(start_daemon, engines, client_for)
     with pytest.raises(NoEngineAvailableError) as e:
         c.route()
     assert e.value.code == "no_engine_available" and "no routable rank" in e.value.message
+    assert e.value.epoch == 0  # dpcoord's epoch when it refused: no rank has come up yet
     assert isinstance(e.value, DpcoordError)
     with pytest.raises(NoEngineAvailableError):
         c.health_route()
 
     bring_up(d, engines, [0])
+    assert d.state()["epoch"] == 1
     cases = [
         (lambda: c.route(n=0), BadRequestError, "bad_request"),
         (lambda: c.route(n="2"), BadRequestError, "bad_request"),
@@ -117,19 +119,22 @@ def test_typed_errors_carry_the_contract_code(start_daemon, engines, client_for)
     for call, cls, code in cases:
         with pytest.raises(cls) as e:
             call()
-        assert (type(e.value), e.value.code) == (cls, code)
+        assert (type(e.value), e.value.code, e.value.epoch) == (cls, code, 1)
         assert e.value.message, f"{code} without a message"
         assert dpcoord.ERRORS[code] is cls
     # The id is echoed on refusals too, when dpcoord could read it.
     with pytest.raises(BadRequestError) as e:
         c.route(n=0, id=41)
-    assert e.value.id == 41
+    assert (e.value.id, e.value.epoch) == (41, 1)
     with pytest.raises(BadRequestError) as e:
         c.route(id=3.5)  # an id must be a string or an integer
-    assert e.value.id is None
+    assert (e.value.id, e.value.epoch) == (None, 1)
     with pytest.raises(TooLargeError) as e:
         c.route(session="s" * 70_000, id="big")  # above max_message_bytes
-    assert e.value.message
+    assert e.value.message and e.value.epoch == 1
+    # A refusal without an epoch (a dpcoord older than the field) gives None.
+    old = dpcoord.errors.error_from_reply({"v": 1, "ok": False, "error": {"code": "bad_request", "message": "m"}})
+    assert (type(old), old.id, old.epoch) == (BadRequestError, None, None)
     # A refusal is an answer: nothing was routed locally, and nothing was half-applied.
     assert c.fallbacks == 0 and c.health_fallbacks == 0
     assert c.route(n=2) == [0, 0]

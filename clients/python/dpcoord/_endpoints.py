@@ -1,0 +1,101 @@
+"""Endpoint bookkeeping the sync and asyncio clients share: opening and closing
+each endpoint's REQ socket, marking endpoints down and up, and what dpcoord's
+refusals of a connection (see :mod:`dpcoord._refusal`) do to an endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from . import _refusal
+from ._core import Endpoint, LocalRouter, log
+
+
+class Endpoints:
+    """The endpoint half of :class:`dpcoord._base.ClientBase` (which sets the
+    attributes named below in its constructor)."""
+
+    _eps: dict[str, list[Endpoint]]
+    _ctx: Any
+    _closed: bool
+    _local: LocalRouter
+    timeout_ms: int
+    #: Connections dpcoord refused during their handshake (its socket was full, or
+    #: this address is not allowed), over every endpoint, since the client was made.
+    refusals: int
+
+    def _where(self, channel: str) -> str:
+        eps = self._eps[channel]
+        if not eps:
+            return f"no {channel} endpoint configured"
+        silent = [ep.address for ep in eps if not ep.refusal.refused]
+        refused = [ep.address for ep in eps if ep.refusal.refused]
+        parts = []
+        if silent:
+            parts.append("no answer within {} ms from {}".format(self.timeout_ms, ", ".join(silent)))
+        if refused:
+            meaning = _refusal.MEANING.format(channel=channel)
+            parts.append("connection refused by {}: {}".format(", ".join(refused), meaning))
+        return "; ".join(parts)
+
+    def _open(self, ep: Endpoint) -> zmq.Socket:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        sock = self._ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        ep.watch = _refusal.Watch(sock)  # before connecting: the handshake's outcome is an event
+        sock.connect(ep.address)
+        ep.sock = sock
+        return sock
+
+    def _reset(self, ep: Endpoint) -> None:
+        if ep.sock is not None:
+            self._refused_now(ep)  # count what its monitor saw before it goes
+            ep.sock.close(linger=0)
+            ep.watch.close()
+        ep.sock = None
+        ep.watch = None
+        ep.probe_at = None
+
+    def _reset_all(self) -> None:
+        self._closed = True
+        for eps in self._eps.values():
+            for ep in eps:
+                self._reset(ep)
+
+    def _refused_now(self, ep: Endpoint) -> bool:
+        """Reads what ``ep``'s socket monitor saw, without waiting: refusals are
+        counted in :attr:`refusals` and the first of a run is logged. True when
+        this socket's latest handshake was refused (libzmq will not connect it
+        again: a new socket is needed)."""
+        if ep.watch is None:
+            return False
+        refused, change = ep.refusal.take(ep.watch)
+        self.refusals += refused
+        if change == "refused":
+            log.warning(
+                "dpcoord %s endpoint %s refused this client's connection (%s): a new connection in %.2f s,"
+                " then every %g s at most until one is admitted",
+                ep.channel,
+                ep.address,
+                _refusal.MEANING.format(channel=ep.channel),
+                ep.refusal.delay_s(),
+                ep.refusal.backoff.max_s,
+            )
+        elif change == "admitted":
+            log.info("dpcoord %s endpoint %s admitted this client's connection", ep.channel, ep.address)
+        return ep.watch.outcome == "refused"
+
+    def _mark_down(self, ep: Endpoint) -> None:
+        if not ep.down:
+            if not ep.refusal.refused:  # a refusal was logged as one
+                log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
+            ep.down = True
+
+    def _mark_up(self, ep: Endpoint) -> None:
+        ep.refusal.clear()
+        if ep.down:
+            log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)
+            ep.down = False
+            self._local.forget_source()  # it may have restarted: refresh the snapshot

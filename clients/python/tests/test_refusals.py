@@ -1,0 +1,172 @@
+"""A connection dpcoord refuses during its handshake (its socket holds
+``server.*_max_peers`` peers): libzmq does not connect that socket again, so the
+client and the publisher see the refusal on the socket's monitor and open a new
+socket, with a backoff, until one is admitted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.request
+
+import msgpack
+import pytest
+import zmq
+
+from conftest import DEADLINE, eventually
+from dpcoord import AsyncRouterClient, RouterClient, StatsPublisher, UnreachableError
+
+A = dict(waiting=1, running=2, received=3, finished=1, failed=0)
+B = dict(waiting=4, running=5, received=9, finished=2, failed=1)
+
+
+def capped(start_daemon, tmp_path, **caps: int):
+    """A dpcoord with one rank and the given ``server.*_max_peers`` caps."""
+    cfg = tmp_path / "caps.toml"
+    cfg.write_text("[engines]\ndp_size = 1\n[server]\n" + "".join(f"{k} = {v}\n" for k, v in caps.items()))
+    return start_daemon("--config", str(cfg))
+
+
+def holder(endpoint: str) -> zmq.Socket:
+    """A REQ peer that is admitted (its ping answered) and holds its slot until
+    closed. A peer that just left may still hold the slot for a moment (dpcoord
+    counts it until it sees the disconnect), so a refused try is tried again."""
+
+    def admitted():
+        sock = zmq.Context.instance().socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send(msgpack.packb({"v": 1, "op": "ping"}))
+        if sock.poll(200, zmq.POLLIN) and msgpack.unpackb(sock.recv())["ok"] is True:
+            return sock
+        sock.close()
+        return None
+
+    return eventually(f"a peer admitted at {endpoint}", admitted)
+
+
+def rank0(d) -> dict:
+    """Rank 0 of ``/state`` over HTTP: the route socket may be full."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/state", timeout=DEADLINE) as r:
+        return json.loads(r.read())["ranks"][0]
+
+
+def routed_up(d, engines) -> None:
+    """Rank 0 published by a fake engine, and up."""
+    engines(d.stats, [0])
+    eventually("rank 0 up", lambda: rank0(d)["status"] == "up")
+
+
+def refused_metric(d, socket: str) -> float:
+    """``dpcoord_peers_refused_total`` of ``socket``, summed over its other labels."""
+    series = [line for line in d.metrics().splitlines() if line.startswith("dpcoord_peers_refused_total{")]
+    assert series, "no dpcoord_peers_refused_total series"
+    return sum(float(line.split()[-1]) for line in series if f'socket="{socket}"' in line)
+
+
+def test_a_publisher_refused_at_the_stats_bind_gets_through_once_the_slot_is_free(start_daemon, tmp_path, caplog):
+    d = capped(start_daemon, tmp_path, stats_max_peers=1)
+    first = StatsPublisher(d.stats, 0, bind=False, boot=1)
+    eventually("the first publisher's updates", lambda: (first.publish(**A), rank0(d)["boot"] == 1)[1])
+    second = StatsPublisher(d.stats, 0, bind=False, boot=2)  # refused while `first` holds the slot
+    try:
+        with caplog.at_level(logging.INFO, logger="dpcoord.publisher"):
+            eventually("the second publisher refused", lambda: (second.publish(**B), second.refusals >= 1)[1])
+            # It keeps being refused (a new socket after each backoff) and nothing of it gets through.
+            eventually("two refusals", lambda: (first.publish(**A), second.publish(**B), second.refusals >= 2)[2])
+            first.publish(**A)
+            assert (rank0(d)["boot"], rank0(d)["counts"]) == (1, [1, 2, 3, 1, 0])
+            first.close()
+            eventually(
+                "the second publisher's updates",
+                lambda: (second.publish(**B), rank0(d)["boot"] == 2)[1],
+            )
+            assert (rank0(d)["status"], rank0(d)["counts"]) == ("up", [4, 5, 9, 2, 1])
+            # The publisher counted the refusals it read: all of dpcoord's but one
+            # still in flight on a socket it closed (libzmq, now and then, connects
+            # a refused socket once more by itself). One warning for the run of
+            # them, one line when it was admitted.
+            assert first.refusals == 0
+            assert 2 <= second.refusals <= refused_metric(d, "stats")
+            records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dpcoord.publisher"]
+            prefix = f"stats publisher of rank 0: dpcoord at {d.stats}"
+            assert [lvl for lvl, _ in records] == ["WARNING", "INFO"]
+            assert records[0][1].startswith(
+                f"{prefix} refused the connection (its socket holds server.stats_max_peers peers,"
+                " or server.max_peers_per_address from this address, or this address is not in"
+                " server.stats_allow); its updates are lost until one is admitted"
+            )
+            assert records[1][1] == f"{prefix} admitted the connection"
+    finally:
+        second.close()
+
+
+def test_a_router_client_refused_at_route_and_health_recovers_once_they_have_room(
+    start_daemon, engines, tmp_path, caplog
+):
+    d = capped(start_daemon, tmp_path, route_max_peers=1, health_max_peers=1)
+    routed_up(d, engines)
+    held = [holder(d.route), holder(d.health)]
+    # A long timeout: only the refusal, seen on the monitor, ends a call early.
+    c = RouterClient(d.route, d.health, timeout_ms=60_000, dp_size=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dpcoord.client"):
+            with pytest.raises(UnreachableError) as e:
+                c.ping()
+        assert e.value.message == (
+            f"connection refused by {d.route}: its socket holds server.route_max_peers peers,"
+            " or server.max_peers_per_address from this address, or this address is not in server.route_allow"
+        )
+        assert c.refusals == 1
+        [warning] = [r.getMessage() for r in caplog.records if r.name == "dpcoord.client"]
+        assert warning.startswith(
+            f"dpcoord route endpoint {d.route} refused this client's connection (its socket holds"
+            " server.route_max_peers peers, or server.max_peers_per_address from this address, or this"
+            " address is not in server.route_allow): a new connection in "
+        )
+        # Refused: route answers from the fallback, the report is not delivered.
+        assert c.route() == [0] and c.last_source == "fallback"
+        assert c.health_report(0, True) is False and c.dropped_reports == 1
+        for sock in held:
+            sock.close()
+        calls = 0
+
+        def routed_by_dpcoord():
+            nonlocal calls
+            calls += 1
+            return c.route() == [0] and c.last_source == "dpcoord"
+
+        eventually("route answered by dpcoord", routed_by_dpcoord)
+        eventually("health_report delivered", lambda: c.health_report(0, True))
+        # Each route call was answered exactly once: by dpcoord once, locally otherwise.
+        # /state is as of the last tick: wait for the one placement, then it is exact.
+        eventually("the placement in /state", lambda: rank0(d)["routed"] >= 1)
+        # Local: the call made while refused, and all but the last of the loop's.
+        assert (rank0(d)["routed"], c.fallbacks) == (1, 1 + calls - 1)
+        assert 2 <= c.refusals <= refused_metric(d, "route") + refused_metric(d, "health")
+        assert c.ping() == 1  # one rank came up
+    finally:
+        c.close()
+
+
+def test_the_async_client_recovers_from_a_refusal_too(start_daemon, engines, tmp_path):
+    d = capped(start_daemon, tmp_path, route_max_peers=1)
+    routed_up(d, engines)
+    held = holder(d.route)
+
+    async def main():
+        async with AsyncRouterClient(d.route, timeout_ms=60_000, dp_size=1) as c:
+            assert await c.route() == [0] and c.last_source == "fallback"
+            assert c.refusals == 1
+            held.close()
+            for _ in range(1000):
+                if await c.route() == [0] and c.last_source == "dpcoord":
+                    break
+                await asyncio.sleep(0.01)
+            assert c.last_source == "dpcoord"
+            eventually("the placement in /state", lambda: rank0(d)["routed"] >= 1)
+            assert rank0(d)["routed"] == 1
+            assert 1 <= c.refusals <= refused_metric(d, "route")
+
+    asyncio.run(main())
