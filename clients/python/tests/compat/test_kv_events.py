@@ -230,6 +230,7 @@ class Wire:
         self.sock = publisher._pub
         self.drop: set[int] = set()
         self.dropped: list[int] = []
+        self.sent: list[bytes] = []  # the payloads sent, in order
         publisher._pub = self
 
     def send_multipart(self, frames, *args, **kwargs):
@@ -239,6 +240,7 @@ class Wire:
             self.dropped.append(seq)
             return None
         record("kv_batch", bytes(frames[2]))
+        self.sent.append(bytes(frames[2]))
         return self.sock.send_multipart(frames, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -962,3 +964,64 @@ def test_sglang_eagle_bigram_pages(sglang_kv, start_daemon):
     e.cache.reset()
     e.step()
     settle("the clear after EAGLE pages", lambda: counters(d).get(events(0, "cleared"), 0) - before.get(events(0, "cleared"), 0), 1)
+
+
+# -- The largest batch a big prefill publishes -------------------------------------------
+
+#: ``kv_events.max_batch_bytes``'s default (docs/configuration.md).
+MAX_BATCH_BYTES = 4 << 20
+#: What the default must leave above the largest batch measured here.
+HEADROOM = 1.9
+
+
+@pytest.mark.parametrize("engine", ["vllm-int", "vllm-bytes", "sglang-page1", "sglang-page16"])
+def test_a_32k_and_a_128k_prompt_stored_in_one_step_fit_the_default_batch_limit(
+        vllm_kv, sglang_kv, start_daemon, tmp_path, monkeypatch, engine):
+    """The largest KV batch a realistic big prefill makes: a 32,768-token and a
+    131,072-token prompt (random ids below 150,000, a Qwen-size vocabulary) stored in one
+    step, which takes an engine whose prefill budget holds both at once (vLLM
+    ``--max-num-batched-tokens`` >= 163,840; SGLang without chunked prefill, or two
+    finishing requests). vLLM: block size 16, its hashes as uint64 or as the raw 32
+    bytes; SGLang: page size 1 (its default) and 16. The batch decodes and is applied
+    under the default ``kv_events.max_batch_bytes`` (exact: the index then equals the
+    engine's, and the counters moved by that one batch), with ``HEADROOM`` to spare.
+    ``pytest -s`` prints the sizes (docs/prefix-cache.md, "Batch sizes")."""
+    import msgpack
+
+    rng = random.Random(31)
+    port = free_ports(2)
+    config = tmp_path / "big-prompts.toml"
+    config.write_text("[limits]\nmax_message_bytes = 4194304\n")  # the prefix queries carry 131,072 tokens
+    d = start(start_daemon, 1, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", "--config", str(config))
+    kind, shape = engine.split("-")
+    if kind == "vllm":
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1" if shape == "int" else "0")
+        e = vllm_kv(0, port, port + 1, num_blocks=10_400)
+        join(d, e, 0, rng)
+        assert e.pool.reset_prefix_cache()
+    else:
+        e = sglang_kv(0, 1, port, port + 1, page_size=int(shape.removeprefix("page")))
+        join(d, e, 0, rng)
+        e.cache.reset()
+    e.step()
+    prompts = {"32k": Prompt(tokens(rng, 32_768)), "128k": Prompt(tokens(rng, 131_072))}
+    agree("a clean start", d, [e], prompts, {"32k": [0], "128k": [0]})
+    before = counters(d)
+
+    for p in prompts.values():
+        if kind == "vllm":
+            e.compute(e.schedule(p))
+        else:
+            e.cache_prompt(p)
+    published = len(e.wire.sent)
+    assert e.step(), "the step stored nothing"
+    B = e.block_size
+    agree("both prompts stored in one batch", d, [e], prompts,
+          {"32k": [32_768 // B], "128k": [131_072 // B]})
+    [batch] = e.wire.sent[published:]
+    _, evs, *_ = msgpack.unpackb(batch, strict_map_key=False)
+    print(f"\n{engine}: one batch of {len(batch):,} bytes, {len(evs)} BlockStored events, "
+          f"{len(batch) / (32_768 + 131_072):.2f} bytes per token; default limit / batch = "
+          f"{MAX_BATCH_BYTES / len(batch):.2f}")
+    assert len(batch) * HEADROOM <= MAX_BATCH_BYTES, f"{len(batch)} bytes leave less than {HEADROOM}x"
+    settle_counters(d, before, {batches("ok"): 1, events(0, "stored"): len(evs)})
