@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import DEADLINE, eventually
+from conftest import DEADLINE, Daemon, eventually, free_port
 from dpcoord import AsyncRouterClient, RouterClient, StatsPublisher, UnreachableError
 
 A = dict(waiting=1, running=2, received=3, finished=1, failed=0)
@@ -170,3 +170,27 @@ def test_the_async_client_recovers_from_a_refusal_too(start_daemon, engines, tmp
             assert 1 <= c.refusals <= refused_metric(d, "route")
 
     asyncio.run(main())
+
+
+def test_a_client_outside_the_allowlist_is_told_why(dpcoord_bin, tmp_path):
+    cfg = tmp_path / "allow.toml"
+    cfg.write_text('[engines]\ndp_size = 1\n[server]\nhealth_allow = ["10.9.9.9"]\n')
+    (tmp_path / "d").mkdir()
+    d = Daemon(dpcoord_bin, tmp_path / "d", ["--config", str(cfg)])
+    d.health = f"tcp://127.0.0.1:{free_port()}"  # an allowlist applies to tcp:// peers
+    d.start()
+    c = RouterClient(d.route, d.health, timeout_ms=60_000, dp_size=1)
+    try:
+        assert c.health_report(0, True) is False and c.dropped_reports == 1
+        with pytest.raises(UnreachableError) as e:
+            c.call("ping", channel="health")  # refused again, or not tried while the backoff runs
+        assert e.value.message == (
+            f"connection refused by {d.health}: its socket holds server.health_max_peers peers,"
+            " or server.max_peers_per_address from this address, or this address is not in server.health_allow"
+        )
+        # Each refused socket was closed as soon as its refusal was read: none was tried twice.
+        assert 1 <= c.refusals == d.metric("dpcoord_access_denied_total", 'socket="health"')
+        assert c.ping() == 0  # the route socket has no allowlist
+    finally:
+        c.close()
+        assert d.stop() == 0, d.log()
