@@ -298,12 +298,12 @@ pub const KV_TOPIC: StrKey = StrKey { key: Key::new(KV_EVENTS, "topic"), default
 pub const KV_MAX_BLOCKS_PER_RANK: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "max_blocks_per_rank"), default: 1 << 20, min: 1, max: 1 << 28 };
 pub const KV_MAX_BATCH_BYTES: IntKey =
-    IntKey { key: Key::new(KV_EVENTS, "max_batch_bytes"), default: 8 << 20, min: 1024, max: 1 << 28 };
+    IntKey { key: Key::new(KV_EVENTS, "max_batch_bytes"), default: 4 << 20, min: 1024, max: 1 << 28 };
 pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 56] = [
+pub const ALL: [AnyKey; 57] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
