@@ -82,6 +82,25 @@ pub struct KvBatch {
     pub events: Vec<KvEvent>,
 }
 
+impl KvBatch {
+    /// About how many bytes of memory the decoded batch holds: its hashes,
+    /// tokens and strings, plus a fixed overhead per event.
+    pub fn held_bytes(&self) -> usize {
+        const PER_EVENT: usize = std::mem::size_of::<KvEvent>() + 32;
+        let event = |e: &KvEvent| match e {
+            KvEvent::Stored(s) => {
+                s.hashes.len() * 8
+                    + s.tokens.len() * 4
+                    + s.lora.as_ref().map_or(0, String::len)
+                    + s.salt.as_ref().map_or(0, String::len)
+            }
+            KvEvent::Removed { hashes, .. } => hashes.len() * 8,
+            _ => 0,
+        };
+        self.events.iter().map(|e| PER_EVENT + event(e)).sum::<usize>() + std::mem::size_of::<KvBatch>()
+    }
+}
+
 /// One message of a KV publisher or of its replay socket, before the
 /// payload is applied: `stream` is the publisher's position in
 /// `kv_events.connect` (after expansion).

@@ -17,6 +17,12 @@ use crate::observability::ratelimit::LogLimiter;
 
 /// Live batches kept while a replay runs; past it the replay is given up.
 const MAX_BUFFERED: usize = 1000;
+/// The bytes of decoded live batches that every running replay together
+/// may keep (`KvBatch::held_bytes`; a batch that does not decode counts its
+/// reason's length). A replay whose next live batch would pass it is given
+/// up like one past [`MAX_BUFFERED`]: the rank's index is cleared rather
+/// than memory grown, however large and many the batches.
+const MAX_BUFFERED_BYTES: usize = 32 << 20;
 
 type Payload = Result<KvBatch, String>;
 
@@ -30,6 +36,16 @@ struct Replay {
     broken: bool,
     deadline: Instant,
     live: VecDeque<(u64, Payload)>,
+    /// What `live` holds, by [`held_bytes`].
+    bytes: usize,
+}
+
+/// What a buffered live batch holds, in bytes.
+fn held_bytes(batch: &Payload) -> usize {
+    match batch {
+        Ok(b) => b.held_bytes(),
+        Err(why) => why.len(),
+    }
 }
 
 struct Stream {
@@ -47,6 +63,8 @@ pub(super) struct KvStreams {
     streams: Vec<Stream>,
     replay_timeout: Duration,
     asks: Vec<(u16, u64)>,
+    /// What every running replay's live batches hold together, in bytes.
+    buffered_bytes: usize,
     /// Ranks a publisher has sent a batch for (their index is event-fed).
     with_events: Vec<bool>,
     metrics: KvMetrics,
@@ -60,6 +78,7 @@ impl KvStreams {
             streams: Vec::new(),
             replay_timeout: kv.replay_timeout,
             asks: Vec::new(),
+            buffered_bytes: 0,
             with_events: vec![false; dp_size as usize],
             metrics,
             log: LogLimiter::default(),
@@ -72,6 +91,7 @@ impl KvStreams {
             .iter()
             .map(|e| Stream { hint: e.rank, can_replay: e.replay.is_some(), rank: None, next: None, replay: None })
             .collect();
+        self.buffered_bytes = 0;
     }
 
     pub fn index(&self) -> &PrefixIndex {
@@ -114,8 +134,11 @@ impl KvStreams {
 
     fn live(&mut self, s: usize, seq: u64, batch: Payload, now: Instant) {
         if let Some(r) = &mut self.streams[s].replay {
-            if r.live.len() < MAX_BUFFERED {
+            let bytes = held_bytes(&batch);
+            if r.live.len() < MAX_BUFFERED && self.buffered_bytes + bytes <= MAX_BUFFERED_BYTES {
                 r.live.push_back((seq, batch));
+                r.bytes += bytes;
+                self.buffered_bytes += bytes;
                 return;
             }
             self.finish_replay(s, Some(ReplayResult::Incomplete), now);
@@ -127,17 +150,20 @@ impl KvStreams {
             self.reset(self.rank_of(s, &batch), ResetCause::Restart);
             self.streams[s].next = None;
         }
+        // A replay keeps this batch until it ends: only when there is room.
+        let room = self.buffered_bytes + held_bytes(&batch) <= MAX_BUFFERED_BYTES;
         let st = &mut self.streams[s];
         match st.next {
-            None if st.can_replay && seq > 0 => self.start_replay(s, 0, true, (seq, batch), now),
-            Some(next) if seq > next && st.can_replay => {
+            None if st.can_replay && seq > 0 && room => self.start_replay(s, 0, true, (seq, batch), now),
+            Some(next) if seq > next && st.can_replay && room => {
                 self.metrics.gap();
                 self.start_replay(s, next, false, (seq, batch), now);
             }
             next => {
                 if next.is_some_and(|n| seq > n) {
                     self.metrics.gap();
-                    self.metrics.replay(ReplayResult::Unavailable);
+                    let why = if st.can_replay { ReplayResult::Incomplete } else { ReplayResult::Unavailable };
+                    self.metrics.replay(why);
                     self.reset(self.rank_of(s, &batch), ResetCause::Gap);
                 }
                 self.streams[s].next = Some(seq + 1);
@@ -148,6 +174,8 @@ impl KvStreams {
 
     fn start_replay(&mut self, s: usize, from: u64, initial: bool, first: (u64, Payload), now: Instant) {
         self.asks.push((s as u16, from));
+        let bytes = held_bytes(&first.1);
+        self.buffered_bytes += bytes;
         self.streams[s].replay = Some(Replay {
             next: from,
             initial,
@@ -155,6 +183,7 @@ impl KvStreams {
             broken: false,
             deadline: now + self.replay_timeout,
             live: VecDeque::from([first]),
+            bytes,
         });
     }
 
@@ -183,6 +212,7 @@ impl KvStreams {
     /// Ends stream `s`'s replay: `forced` when it timed out or overflowed.
     fn finish_replay(&mut self, s: usize, forced: Option<ReplayResult>, now: Instant) {
         let Some(r) = self.streams[s].replay.take() else { return };
+        self.buffered_bytes -= r.bytes;
         let hole = forced.is_some() || r.broken || r.live.front().is_some_and(|(first, _)| *first > r.next);
         if hole && (r.delivered || !r.initial) {
             let rank = self.streams[s].rank.or(self.streams[s].hint);

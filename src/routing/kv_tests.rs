@@ -161,3 +161,56 @@ fn without_a_replay_socket_a_gap_clears_at_once() {
     assert!(asks(&mut s).is_empty());
     assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "unavailable")), 1);
 }
+
+/// A batch for rank 0 storing `blocks` blocks of 16 tokens, `t` the first
+/// block's engine hash: about 100 bytes a block once decoded.
+fn big(t: u32, blocks: u32) -> Payload {
+    let ev = KvEvent::Stored(Stored {
+        hashes: (0..blocks).map(|i| u64::from(t) + u64::from(i)).collect(),
+        parent: None,
+        tokens: (0..blocks * 16).map(|i| t + i / 16).collect(),
+        block_size: 16,
+        medium: Medium::Gpu,
+        lora: None,
+        salt: None,
+    });
+    Ok(KvBatch { rank: Some(0), events: vec![ev] })
+}
+
+/// Live batches kept during a replay are bounded in bytes, not only in
+/// count: ten batches of 4 MiB decoded pass the 32 MiB budget, and the
+/// replay is given up (the rank cleared, everything after applied in
+/// order) instead of memory growing; with no replay running the budget is
+/// whole again, and a gap whose first batch does not fit is not replayed.
+#[test]
+fn live_batches_kept_during_a_replay_are_bounded_in_bytes() {
+    let (mut s, r) = streams();
+    let t0 = Instant::now();
+    let blocks = (4 << 20) / 72; // 64 bytes of tokens and 8 of hash a block
+    let one = held_bytes(&big(0, blocks));
+    assert!(((4 << 20)..(4 << 20) + 4096).contains(&one), "{one}");
+    s.on_message(msg(false, 0, store(1)), t0);
+    s.on_message(msg(false, 2, big(100, blocks)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 1)]);
+    let fit = MAX_BUFFERED_BYTES / one;
+    for seq in 3..2 + fit as u64 {
+        s.on_message(msg(false, seq, big(100, blocks)), t0);
+    }
+    assert_eq!(s.buffered_bytes, fit * one, "{fit} batches kept");
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "incomplete")), 0);
+    s.on_message(msg(false, 2 + fit as u64, big(100, blocks)), t0);
+    assert_eq!(s.buffered_bytes, 0, "the replay was given up");
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "incomplete")), 1);
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 1);
+    assert!(!holds(&s, 1), "block 1 was stored before the hole");
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "ok")), 2 + fit as u64, "all applied");
+    s.on_message(msg(false, 3 + fit as u64, store(7)), t0);
+    assert!(holds(&s, 7), "the stream goes on in order");
+    // A gap whose batch alone passes the budget is not replayed at all.
+    let huge = (MAX_BUFFERED_BYTES / 72 + 1) as u32;
+    s.on_message(msg(false, 5 + fit as u64, big(9_000_000, huge)), t0);
+    assert_eq!(asks(&mut s), vec![], "no replay asked");
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "incomplete")), 2);
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 2);
+    assert_eq!(s.buffered_bytes, 0);
+}
