@@ -291,11 +291,12 @@ fn dealers(n: usize, endpoint: &str) -> (Vec<zmq::Context>, Vec<zmq::Socket>) {
 /// from one host (before the caps: ~28-38 KB each, 145-190 MB, and with
 /// only the socket cap, 1,023 attackers held and every new frontend
 /// refused). The attacker's address holds at most `max_peers_per_address`
-/// (128) and the rest are refused during their handshake: the peak stays
-/// under the ceiling, a frontend connected before keeps being answered, a
-/// new frontend from another address, a new health peer and `/healthz` are
-/// answered, and the route socket holds exactly the frontends and the
-/// attackers that were answered.
+/// (128); every other connection is closed as soon as it is accepted, and
+/// its DEALER connects again 100 ms later (libzmq's default), so the attack
+/// goes on for the whole test: the peak stays under the ceiling, a frontend
+/// connected before keeps being answered, a new frontend from another
+/// address, a new health peer and `/healthz` are answered, and no more than
+/// 128 attackers ever get an answer.
 #[test]
 fn five_thousand_peers_from_one_host_leave_room_for_the_others() {
     descriptors(12_000);
@@ -312,18 +313,18 @@ fn five_thousand_peers_from_one_host_leave_room_for_the_others() {
     let port = route.rsplit(':').next().unwrap();
     let (contexts, attackers) = dealers(5000, &format!("tcp://127.0.0.2:0;127.0.0.1:{port}"));
     let mut answered = vec![false; attackers.len()];
-    // Settled: every attacker the socket holds has its answer, and at least
-    // every one it could not hold was refused once.
-    let held = eventually("the attack settled", || {
+    let mut read_answers = || {
         for (s, seen) in attackers.iter().zip(answered.iter_mut()) {
-            if !*seen && s.recv_multipart(zmq::DONTWAIT).is_ok() {
-                *seen = true;
-            }
+            *seen |= s.recv_multipart(zmq::DONTWAIT).is_ok();
         }
-        let n = answered.iter().filter(|&&a| a).count();
-        let settled = route_peers(&d) == Some(1.0 + n as f64) && route_refusals(&d) >= (5000 - n) as f64;
-        settled.then_some(n)
+        answered.iter().filter(|&&a| a).count()
+    };
+    // Under way: every attacker was either answered or refused once.
+    eventually("every attacker answered or refused", || {
+        let n = read_answers();
+        (route_refusals(&d) >= (5000 - n) as f64).then_some(())
     });
+    let held = read_answers();
     println!("5,000 peers from one host: {held} answered and held, {} refusals", route_refusals(&d));
     assert!(held <= 128, "{held} attackers held, over max_peers_per_address = 128");
     assert_eq!(frontend.call(json!({"v": 1, "op": "route", "id": 1}))["ok"], json!(true));
@@ -331,74 +332,8 @@ fn five_thousand_peers_from_one_host_leave_room_for_the_others() {
     let health = d.health_client();
     assert_eq!(health.call(json!({"v": 1, "op": "ping", "id": 2}))["ok"], json!(true));
     bounded(&d, before, "5,000 peers");
+    let held = read_answers();
+    assert!(held <= 128, "{held} attackers answered, over max_peers_per_address = 128");
     drop((attackers, contexts));
     returned(&d, before, "5,000 peers");
-}
-
-/// What refused peers cost the others: 4,000 peers of a full route socket
-/// (its cap reloaded to 1, the frontend's) that connect again every 100 ms (libzmq's
-/// own reconnect does not follow a refusal, so these disconnect and connect
-/// themselves) while one frontend routes. Prints the frontend's route
-/// latencies quiet and under the churn, and the refusals per second; no
-/// threshold (docs/failure-behaviour.md quotes the numbers).
-#[test]
-#[ignore = "a measurement (about a minute): cargo test --test memory_ceiling -- --ignored --nocapture"]
-fn refused_peers_reconnecting_cost_the_frontend() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    descriptors(10_000);
-    let dir = tempfile::tempdir().unwrap();
-    let d = up8_capped(&dir, 1024);
-    let frontend = d.client();
-    assert_eq!(frontend.call(json!({"v": 1, "op": "ping", "id": 0}))["ok"], json!(true));
-    eventually("the other clients gone", || (route_peers(&d) == Some(1.0)).then_some(()));
-    std::fs::write(dir.path().join("peers.toml"), "[server]\nroute_max_peers = 1\n").unwrap();
-    let r = d.health_client().call(json!({"v": 1, "op": "reload", "id": 1}));
-    assert_eq!(r["ok"], json!(true), "{r}");
-    let quiet = latencies(&frontend, 2000);
-    let (contexts, churners) = dealers(4000, &d.route);
-    let stop = AtomicBool::new(false);
-    let route = d.route.clone();
-    let (loud, rate) = std::thread::scope(|scope| {
-        let halt = &stop;
-        let churn = scope.spawn(move || {
-            while !halt.load(Ordering::Relaxed) {
-                let round = std::time::Instant::now();
-                for s in &churners {
-                    s.disconnect(&route).unwrap();
-                    s.connect(&route).unwrap();
-                }
-                std::thread::sleep(Duration::from_millis(100).saturating_sub(round.elapsed()));
-            }
-            churners
-        });
-        // A failing assert below still stops the churn, so the scope ends.
-        let _stop = SetOnDrop(&stop);
-        eventually("the churn under way", || (route_refusals(&d) >= 5000.0).then_some(()));
-        let (first, started) = (route_refusals(&d), std::time::Instant::now());
-        let loud = latencies(&frontend, 2000);
-        let rate = (route_refusals(&d) - first) / started.elapsed().as_secs_f64();
-        drop(_stop);
-        drop(churn.join().unwrap());
-        (loud, rate)
-    });
-    println!("route latency, quiet: p50 {} us, p99 {} us", quiet.0, quiet.1);
-    println!(
-        "route latency, 4,000 refused peers reconnecting ({rate:.0} refusals/s): p50 {} us, p99 {} us",
-        loud.0, loud.1
-    );
-    eventually("only the frontend held", || (route_peers(&d) == Some(1.0)).then_some(()));
-    drop(contexts);
-}
-
-/// p50 and p99 of `n` route queries from `c`, in microseconds.
-fn latencies(c: &Client, n: usize) -> (u128, u128) {
-    let mut took: Vec<u128> = (0..n)
-        .map(|i| {
-            let t = std::time::Instant::now();
-            assert_eq!(c.call(json!({"v": 1, "op": "route", "id": i}))["ok"], json!(true));
-            t.elapsed().as_micros()
-        })
-        .collect();
-    took.sort_unstable();
-    (took[n / 2], took[n * 99 / 100])
 }

@@ -206,6 +206,45 @@ fn silent_connections_are_closed_at_the_handshake_deadline() {
     drop(silent);
 }
 
+/// TCP connections beyond the cap are closed as soon as they are accepted,
+/// whether or not they would ever greet: with the cap of five held by five
+/// DEALERs, 20 bare TCP connections (which before were held until their
+/// handshake deadline, each with a descriptor) are all closed by dpcoord,
+/// each counted once, and the five are still served.
+#[test]
+fn connections_beyond_the_cap_are_closed_when_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let route = format!("tcp://127.0.0.1:{}", free_port());
+    let d = capped(Some(&route), &dir);
+    let ctx = zmq::Context::new();
+    let five: Vec<zmq::Socket> = (0..5).map(|_| dealer(&ctx, &route)).collect();
+    for (i, s) in five.iter().enumerate() {
+        ping(s, i as u64);
+    }
+    let port: u16 = route.rsplit(':').next().unwrap().parse().unwrap();
+    let silent: Vec<std::net::TcpStream> =
+        (0..20).map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    for s in &silent {
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut buf = [0u8; 64];
+        // dpcoord's greeting may come first; then the end of the stream.
+        loop {
+            match std::io::Read::read(&mut &*s, &mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("a connection beyond the cap was not closed: {e}"),
+            }
+        }
+    }
+    reaches("refusals", 20.0, || refused(&d, "route"));
+    reaches("route peers", 5.0, || connected(&d, "route"));
+    for (i, s) in five.iter().enumerate() {
+        ping(s, 10 + i as u64);
+    }
+    assert_eq!(refused(&d, "route"), Some(20.0));
+}
+
 /// What the count rests on, checked against the vendored libzmq (4.3):
 /// every accepted connection, whether admitted, refused by ZAP during its
 /// handshake, or closed before any handshake, ends with exactly one

@@ -75,10 +75,9 @@ pub enum Verdict {
     Admit,
     /// Its address is not in the socket's allowlist.
     NotAllowed,
-    /// Its socket holds its cap of connected peers (`io::peers`).
+    /// Its socket holds its cap of connected peers (`io::peers`; ipc
+    /// peers: TCP peers beyond a cap are closed before their handshake).
     Full,
-    /// Its source address holds its cap on that socket (`io::peer_sources`).
-    AddressFull,
 }
 
 /// The reply frames: version, request id, status code, text, user id, metadata.
@@ -95,7 +94,6 @@ pub fn reply(request_id: &[u8], verdict: Verdict) -> [Vec<u8>; 6] {
         Verdict::Admit => (b"200", b"OK"),
         Verdict::NotAllowed => (b"400", b"address not allowed"),
         Verdict::Full => (b"400", b"too many peers"),
-        Verdict::AddressFull => (b"400", b"too many peers from this address"),
     };
     [b"1.0".to_vec(), request_id.to_vec(), code.to_vec(), text.to_vec(), Vec::new(), Vec::new()]
 }

@@ -1,28 +1,35 @@
 //! Connected peers per source address, for the cap one address may hold on
-//! each bound socket (`server.max_peers_per_address`).
+//! each bound socket (`server.max_peers_per_address`), and the means to
+//! close a TCP connection the moment it is accepted.
 //!
 //! The socket-wide cap (`io::peers`) bounds memory, but whoever fills it
 //! keeps everyone else out. Counting each socket's connections by their
-//! source lets the ZAP handler refuse one host's excess while others still
-//! connect. A source is an IPv4 address or an IPv6 /64 (one host usually
-//! owns a whole /64, so its addresses count as one); ipc:// peers have no
-//! address and are not counted.
+//! source lets dpcoord refuse one host's excess while others still connect.
+//! A source is an IPv4 address or an IPv6 /64 (one host usually owns a
+//! whole /64, so its addresses count as one); ipc:// peers have no address
+//! and are not counted.
 //!
 //! libzmq's monitor reports a connection's file descriptor, not its
-//! address, so the address is read from the descriptor (`getpeername`)
-//! when its `ACCEPTED` event is read, and kept by descriptor until its
-//! `DISCONNECTED`. The connection may be gone by then and its descriptor
-//! reused by a newer one; the newer one's address is then recorded under
-//! both events of the older (whose `DISCONNECTED` comes first, in order),
-//! and again at its own `ACCEPTED`, so every count stays exact once the
-//! events are read. A peer whose ZAP request is being answered is still
-//! connected, so its own address is the one recorded.
+//! address, so both ends are read from the descriptor (`getsockname`,
+//! `getpeername`) when its `ACCEPTED` event is read, and kept by descriptor
+//! until its `DISCONNECTED`. The connection may be gone by then and its
+//! descriptor reused by a newer one; the newer one's ends are then recorded
+//! under both events of the older (whose `DISCONNECTED` comes first, in
+//! order), and again at its own `ACCEPTED`, so every count stays exact once
+//! the events are read.
+//!
+//! Closing: dpcoord shuts down (`shutdown(2)`, which does not free the
+//! descriptor; libzmq still owns and closes it) a connection it refuses,
+//! and only after reading both ends again and finding the ones it
+//! recorded. Two live TCP connections never share both ends, so a
+//! descriptor libzmq closed and reused meanwhile, for another peer or for
+//! any other socket of the process, fails that check and is left alone.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 
-use nix::sys::socket::{getpeername, SockaddrStorage};
+use nix::sys::socket::{getpeername, getsockname, shutdown, Shutdown, SockaddrStorage};
 
 /// Where a peer connects from: an IPv4 address or an IPv6 /64 prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,48 +52,82 @@ impl Source {
     pub fn parse(address: &str) -> Option<Source> {
         address.parse().ok().map(Source::of)
     }
+}
 
-    /// The source of the connection on descriptor `fd`; `None` when it is
-    /// not a TCP connection (ipc) or no longer connected.
-    fn of_fd(fd: RawFd) -> Option<Source> {
-        let addr: SockaddrStorage = getpeername(fd).ok()?;
-        if let Some(v4) = addr.as_sockaddr_in() {
-            Some(Source::of(IpAddr::V4(v4.ip())))
-        } else {
-            addr.as_sockaddr_in6().map(|v6| Source::of(IpAddr::V6(v6.ip())))
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(v4) => write!(f, "{v4}"),
+            IpAddr::V6(v6) => write!(f, "{v6}/64"),
         }
     }
+}
+
+/// A TCP connection's two ends; no two live connections share both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ends {
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+/// An IP socket address, or `None` (a Unix socket, or none).
+fn inet(addr: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = addr.as_sockaddr_in() {
+        Some(SocketAddr::from((v4.ip(), v4.port())))
+    } else {
+        addr.as_sockaddr_in6().map(|v6| SocketAddr::from((v6.ip(), v6.port())))
+    }
+}
+
+/// The ends of the TCP connection on descriptor `fd`; `None` when it is
+/// not one (ipc) or no longer connected.
+fn ends_of(fd: RawFd) -> Option<Ends> {
+    let local = inet(&getsockname::<SockaddrStorage>(fd).ok()?)?;
+    let peer = inet(&getpeername::<SockaddrStorage>(fd).ok()?)?;
+    Some(Ends { local, peer })
 }
 
 /// One bound socket's connections by source.
 #[derive(Debug, Default)]
 pub struct BySource {
-    /// The source recorded for each connection's descriptor.
-    fds: HashMap<RawFd, Source>,
+    /// The ends and source recorded for each TCP connection's descriptor.
+    fds: HashMap<RawFd, (Ends, Source)>,
     /// Connections per source; a source with none has no entry.
     counts: HashMap<Source, u32>,
 }
 
 impl BySource {
-    /// A connection was accepted on `fd`: counts it under its source.
-    pub fn accepted(&mut self, fd: RawFd) {
-        self.add(fd, Source::of_fd(fd));
+    /// A connection was accepted on `fd`: counts it under its source,
+    /// which it returns (`None` for an ipc peer or one already gone).
+    pub fn accepted(&mut self, fd: RawFd) -> Option<Source> {
+        let ends = ends_of(fd)?;
+        let source = Source::of(ends.peer.ip());
+        self.add(fd, Some((ends, source)));
+        Some(source)
     }
 
-    fn add(&mut self, fd: RawFd, source: Option<Source>) {
+    fn add(&mut self, fd: RawFd, recorded: Option<(Ends, Source)>) {
         // libzmq ends every connection with a DISCONNECTED before its
         // descriptor can be reused, so `fd` has no entry; should one be
         // left, it is released rather than counted twice.
         self.disconnected(fd);
-        if let Some(source) = source {
-            self.fds.insert(fd, source);
+        if let Some((ends, source)) = recorded {
+            self.fds.insert(fd, (ends, source));
             *self.counts.entry(source).or_default() += 1;
         }
     }
 
+    /// Shuts down the connection accepted on `fd` if it is still the one
+    /// recorded there (both ends unchanged); whether it was. libzmq then
+    /// sees the connection end and reports its `DISCONNECTED`.
+    pub fn close(&self, fd: RawFd) -> bool {
+        let Some((ends, _)) = self.fds.get(&fd) else { return false };
+        ends_of(fd) == Some(*ends) && shutdown(fd, Shutdown::Both).is_ok()
+    }
+
     /// The connection on `fd` ended.
     pub fn disconnected(&mut self, fd: RawFd) {
-        let Some(source) = self.fds.remove(&fd) else { return };
+        let Some((_, source)) = self.fds.remove(&fd) else { return };
         if let Some(n) = self.counts.get_mut(&source) {
             *n -= 1;
             if *n == 0 {
@@ -120,18 +161,22 @@ mod tests {
         assert_eq!(Source::parse(""), None, "an ipc peer");
     }
 
+    fn ends(peer: &str) -> Ends {
+        Ends { local: "127.0.0.1:5570".parse().unwrap(), peer: peer.parse().unwrap() }
+    }
+
     #[test]
     fn counts_follow_connections_and_release_reused_descriptors() {
         let mut by = BySource::default();
         let (a, b) = (src("10.0.0.1"), src("10.0.0.2"));
-        by.add(7, Some(a));
-        by.add(8, Some(a));
-        by.add(9, Some(b));
+        by.add(7, Some((ends("10.0.0.1:1000"), a)));
+        by.add(8, Some((ends("10.0.0.1:1001"), a)));
+        by.add(9, Some((ends("10.0.0.2:1000"), b)));
         assert_eq!((by.count(a), by.count(b)), (2, 1));
         by.disconnected(7);
         by.disconnected(7);
         assert_eq!(by.count(a), 1, "a second DISCONNECTED changes nothing");
-        by.add(8, Some(b));
+        by.add(8, Some((ends("10.0.0.2:1001"), b)));
         assert_eq!((by.count(a), by.count(b)), (0, 2), "a reused descriptor's old entry is released");
         by.add(10, None);
         by.disconnected(10);
@@ -141,12 +186,25 @@ mod tests {
     }
 
     #[test]
-    fn the_source_is_read_from_a_connected_descriptor() {
+    fn a_connection_is_read_from_its_descriptor_and_closed_only_while_it_is_the_same() {
+        use std::io::Read;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
-        assert_eq!(Source::of_fd(server.as_raw_fd()), Some(src("127.0.0.1")));
-        assert_eq!(Source::of_fd(listener.as_raw_fd()), None, "a listener has no peer");
-        drop(client);
+        let mut by = BySource::default();
+        assert_eq!(by.accepted(server.as_raw_fd()), Some(src("127.0.0.1")));
+        assert_eq!(by.accepted(listener.as_raw_fd()), None, "a listener has no peer");
+        assert_eq!(by.count(src("127.0.0.1")), 1);
+        // The same descriptor now holds another connection: not closed.
+        let fd = server.as_raw_fd();
+        let (_, (recorded, _)) = by.fds.iter().next().unwrap();
+        let other = Ends { local: recorded.local, peer: "127.0.0.1:9".parse().unwrap() };
+        let mut stale = BySource::default();
+        stale.add(fd, Some((other, src("127.0.0.1"))));
+        assert!(!stale.close(fd), "the ends changed: left alone");
+        assert!(by.close(fd));
+        let mut buf = [0u8; 1];
+        assert_eq!(client.read(&mut buf).unwrap(), 0, "the client sees the connection end");
+        assert!(!by.close(listener.as_raw_fd()), "nothing recorded there");
     }
 }

@@ -25,9 +25,12 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registr
 
 use std::os::fd::RawFd;
 
+use std::time::Instant;
+
 use super::peer_sources::{BySource, Source};
 use super::sockets::{sock_err, TransportError};
 use crate::observability::metrics::{built, register};
+use crate::observability::ratelimit::LogLimiter;
 
 /// Events queued for dpcoord to read, in messages (two per event). libzmq
 /// blocks its I/O thread rather than drop a monitor event, so this is far
@@ -73,6 +76,8 @@ struct Count {
 /// The connected peers of every bound socket.
 pub struct Peers {
     counts: Vec<Count>,
+    /// Refusals logged, per socket.
+    log: LogLimiter<3>,
 }
 
 /// A connection event: its kind and file descriptor (libzmq's event frame
@@ -137,23 +142,29 @@ impl Peers {
                     .map(|r| refused.with_label_values(&[m.name, r.label()])),
             })
             .collect();
-        Peers { counts }
+        Peers { counts, log: LogLimiter::default() }
     }
 
     /// Reads the events of monitor `i` (its place in the list `new` was
     /// given) until EAGAIN; `true` when the batch limit stopped it first.
-    pub fn drain(&mut self, i: usize, monitor: &zmq::Socket) -> Result<bool, zmq::Error> {
-        let count = &mut self.counts[i];
+    /// A TCP connection accepted beyond `caps` (the socket's cap, and its
+    /// source's) is closed at once: it never reaches its handshake.
+    pub fn drain(&mut self, i: usize, monitor: &zmq::Socket, caps: Option<(u32, u32)>) -> Result<bool, zmq::Error> {
         for _ in 0..BATCH {
             let event = match monitor.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => frames,
                 Err(zmq::Error::EAGAIN) => return Ok(false),
                 Err(e) => return Err(e),
             };
+            let count = &mut self.counts[i];
             match event_of(&event[0]) {
                 Some((ACCEPTED, fd)) => {
                     count.connected = count.connected.saturating_add(1);
-                    count.sources.accepted(fd);
+                    let source = count.sources.accepted(fd);
+                    let refusal = caps.zip(source).and_then(|((cap, per), s)| self.over(i, Some(s), cap, per));
+                    if let Some(refusal) = refusal.filter(|_| self.counts[i].sources.close(fd)) {
+                        self.refused(i, refusal, source);
+                    }
                 }
                 Some((DISCONNECTED, fd)) => {
                     count.connected = count.connected.saturating_sub(1);
@@ -161,38 +172,58 @@ impl Peers {
                 }
                 _ => {}
             }
+            let count = &self.counts[i];
             count.gauge.set(i64::from(count.connected));
         }
         Ok(true)
     }
 
-    /// Whether a new peer of `domain`'s socket from `source`, already
-    /// counted, makes the socket hold more than `cap` or its source more
-    /// than `per_source`; a refusal is counted.
-    pub fn refuse(&mut self, domain: &str, source: Option<Source>, cap: u32, per_source: u32) -> Option<Refusal> {
-        let count = self.counts.iter().find(|c| c.name == domain)?;
-        let refusal = if count.connected > cap {
-            Refusal::SocketFull
+    /// Whether socket `i`, with a new peer from `source` already counted,
+    /// holds more than `cap`, or that source more than `per_source`.
+    fn over(&self, i: usize, source: Option<Source>, cap: u32, per_source: u32) -> Option<Refusal> {
+        let count = &self.counts[i];
+        if count.connected > cap {
+            Some(Refusal::SocketFull)
         } else if source.is_some_and(|s| count.sources.count(s) > per_source) {
-            Refusal::AddressFull
+            Some(Refusal::AddressFull)
         } else {
-            return None;
-        };
+            None
+        }
+    }
+
+    /// Counts a refusal on socket `i` and logs it (once a second at most
+    /// per socket).
+    fn refused(&mut self, i: usize, refusal: Refusal, source: Option<Source>) {
+        let count = &self.counts[i];
         count.refused[refusal as usize].inc();
-        Some(refusal)
+        if let Some(suppressed) = self.log.allow(i, Instant::now()) {
+            let from_address = source.map_or(0, |s| count.sources.count(s));
+            let why = match refusal {
+                Refusal::SocketFull => "connection refused: the socket holds its *_max_peers",
+                Refusal::AddressFull => {
+                    "connection refused: the peer's address holds server.max_peers_per_address on this socket"
+                }
+            };
+            let peer = source.map(|s| s.to_string()).unwrap_or_default();
+            tracing::warn!(socket = count.name, peer, connected = count.connected, from_address, suppressed, "{why}");
+        }
+    }
+
+    /// Whether a new ipc peer of `domain`'s socket, already counted, makes
+    /// it hold more than `cap`; if so the refusal is counted and logged.
+    /// (A TCP peer beyond its caps was closed when it was accepted.)
+    pub fn refuse_ipc(&mut self, domain: &str, cap: u32) -> bool {
+        let Some(i) = self.index(domain) else { return false };
+        let over = self.over(i, None, cap, u32::MAX).is_some();
+        if over {
+            self.refused(i, Refusal::SocketFull, None);
+        }
+        over
     }
 
     /// The place of `domain`'s monitor, to read it before a decision.
     pub fn index(&self, domain: &str) -> Option<usize> {
         self.counts.iter().position(|c| c.name == domain)
-    }
-
-    /// Connections `domain`'s socket holds, and of those, `source`'s.
-    pub fn connected(&self, domain: &str, source: Option<Source>) -> (u32, u32) {
-        self.counts
-            .iter()
-            .find(|c| c.name == domain)
-            .map_or((0, 0), |c| (c.connected, source.map_or(0, |s| c.sources.count(s))))
     }
 }
 

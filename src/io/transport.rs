@@ -161,7 +161,7 @@ impl Polled<'_> {
     /// Serves what is waiting; `true` when the batch limit stopped it first.
     fn drain(&self, q: &mut Queries<'_>, gate: &mut Gate<'_>, relinks: &mut Relinks) -> Result<bool, TransportError> {
         let served = match *self {
-            Polled::Monitor(i, _) => gate.count(i),
+            Polled::Monitor(i, _) => gate.count(i, q.coord),
             Polled::Link(i, l) => relinks.drain(i, &l.monitor, Instant::now()),
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q),

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::access::{self, Verdict};
 use super::fds::Budget;
 use super::peer_sources::Source;
-use super::peers::{Monitor, Peers, Refusal};
+use super::peers::{Monitor, Peers};
 use crate::observability::ratelimit::LogLimiter;
 use crate::routing::Coordinator;
 
@@ -23,8 +23,8 @@ pub struct Gate<'a> {
     pub monitors: &'a [Monitor],
     /// The descriptor budget, which may hold each socket below its cap.
     fds: Budget,
-    /// Per socket, allowlist refusals (0..3) and cap refusals (3..6).
-    log: LogLimiter<6>,
+    /// Allowlist refusals, per socket.
+    log: LogLimiter<3>,
 }
 
 impl<'a> Gate<'a> {
@@ -32,26 +32,28 @@ impl<'a> Gate<'a> {
         Gate { peers, monitors, fds: Budget::current(), log: LogLimiter::default() }
     }
 
-    /// Reads monitor `i`'s events; `true` when the batch limit stopped it first.
-    pub fn count(&mut self, i: usize) -> Result<bool, zmq::Error> {
-        self.peers.drain(i, &self.monitors[i].socket)
+    /// The caps in force for `domain`'s socket: its `*_max_peers` within
+    /// its share of the descriptors, and `max_peers_per_address`.
+    fn caps(&self, domain: &str, coord: &Coordinator) -> Option<(u32, u32)> {
+        coord.peer_cap(domain).map(|(cap, per)| (self.fds.peer_cap(domain, cap), per))
     }
 
-    /// Whether the peer asking now, from `source`, takes `domain`'s socket
-    /// over its cap or its source over the per-address cap, and which.
+    /// Reads monitor `i`'s events, closing TCP connections accepted beyond
+    /// the caps; `true` when the batch limit stopped it first.
+    pub fn count(&mut self, i: usize, coord: &Coordinator) -> Result<bool, zmq::Error> {
+        let caps = self.caps(self.monitors[i].name, coord);
+        self.peers.drain(i, &self.monitors[i].socket, caps)
+    }
+
+    /// Whether an ipc peer asking now takes `domain`'s socket over its cap.
     /// libzmq reports a connection (`ACCEPTED`) before its handshake can
     /// begin, so once its ZAP request is here, its event is in the monitor:
     /// reading the monitor now counts it, even when the event came after
     /// this round's read of the monitors.
-    fn over_cap(
-        &mut self,
-        domain: &str,
-        source: Option<Source>,
-        caps: Option<(u32, u32)>,
-    ) -> Result<Option<Refusal>, zmq::Error> {
-        let (Some((cap, per_source)), Some(i)) = (caps, self.peers.index(domain)) else { return Ok(None) };
-        while self.count(i)? {}
-        Ok(self.peers.refuse(domain, source, self.fds.peer_cap(domain, cap), per_source))
+    fn ipc_over_cap(&mut self, domain: &str, coord: &Coordinator) -> Result<bool, zmq::Error> {
+        let (Some((cap, _)), Some(i)) = (self.caps(domain, coord), self.peers.index(domain)) else { return Ok(false) };
+        while self.count(i, coord)? {}
+        Ok(self.peers.refuse_ipc(domain, cap))
     }
 }
 
@@ -69,40 +71,25 @@ fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result
         _ => 2,
     };
     let listed = coord.allowlist(req.domain).map_or(true, |list| list.is_empty() || list.allows(req.address));
-    let source = Source::parse(req.address);
+    // TCP peers beyond the caps were closed when accepted (`io::peers`);
+    // an ipc peer has no address and is held to the socket's cap here.
     let verdict = if !listed {
         coord.metrics().access_denied(req.domain);
         Verdict::NotAllowed
+    } else if Source::parse(req.address).is_none() && gate.ipc_over_cap(req.domain, coord)? {
+        Verdict::Full
     } else {
-        match gate.over_cap(req.domain, source, coord.peer_cap(req.domain))? {
-            None => Verdict::Admit,
-            Some(Refusal::SocketFull) => Verdict::Full,
-            Some(Refusal::AddressFull) => Verdict::AddressFull,
-        }
+        Verdict::Admit
     };
     // A refused peer may reconnect on its own, so this can repeat quickly.
-    match verdict {
-        Verdict::Admit => {}
-        Verdict::NotAllowed => {
-            if let Some(suppressed) = gate.log.allow(socket, Instant::now()) {
-                tracing::warn!(
-                    socket = req.domain,
-                    peer = req.address,
-                    suppressed,
-                    "connection refused: peer not in the allowlist"
-                );
-            }
-        }
-        Verdict::Full | Verdict::AddressFull => {
-            if let Some(suppressed) = gate.log.allow(3 + socket, Instant::now()) {
-                let (connected, from_address) = gate.peers.connected(req.domain, source);
-                let why = if verdict == Verdict::Full {
-                    "connection refused: the socket holds its *_max_peers"
-                } else {
-                    "connection refused: the peer's address holds server.max_peers_per_address on this socket"
-                };
-                tracing::warn!(socket = req.domain, peer = req.address, connected, from_address, suppressed, "{why}");
-            }
+    if verdict == Verdict::NotAllowed {
+        if let Some(suppressed) = gate.log.allow(socket, Instant::now()) {
+            tracing::warn!(
+                socket = req.domain,
+                peer = req.address,
+                suppressed,
+                "connection refused: peer not in the allowlist"
+            );
         }
     }
     zap.send_multipart(access::reply(req.request_id, verdict), 0)
