@@ -18,6 +18,16 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
+/// Each test holds this while it runs: RSS peaks and the allocator's reuse
+/// are measured one attack at a time, not beside another test's attackers
+/// on the same cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The lock on [`ONE_AT_A_TIME`] (a test that failed still passes it on).
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
 const LIMIT_KIB: u64 = 128 * 1024;
 /// How much more RSS than before the attack may stay once the attackers
@@ -78,6 +88,7 @@ fn up8_capped(dir: &tempfile::TempDir, route_max_peers: u32) -> Daemon {
 /// for the never-reading peers took RSS to 660 MB (2,000 pings each).
 #[test]
 fn never_reading_peers_sending_huge_ids_stay_under_the_ceiling() {
+    let _alone = alone();
     let d = up8();
     let before = status_kib(d.pid(), "VmRSS");
     let ctx = zmq::Context::new();
@@ -114,6 +125,7 @@ fn never_reading_peers_sending_huge_ids_stay_under_the_ceiling() {
 /// 1 MB: RSS 845 MB).
 #[test]
 fn envelope_padding_is_dropped_and_stays_under_the_ceiling() {
+    let _alone = alone();
     let d = up8();
     let before = status_kib(d.pid(), "VmRSS");
     let ctx = zmq::Context::new();
@@ -147,6 +159,7 @@ fn envelope_padding_is_dropped_and_stays_under_the_ceiling() {
 /// new route clients got no answer and `/healthz` timed out.
 #[test]
 fn idle_http_connections_under_a_low_nofile_lock_nobody_out() {
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let metrics = free_addr();
     let (route, health, stats) = (ipc(&dir, "route"), ipc(&dir, "health"), ipc(&dir, "stats"));
@@ -208,6 +221,7 @@ fn publish_until(p: &zmq::Socket, c: &Client, rank: u32) {
 /// so the peak does not grow by more than [`REUSE_SLACK_KIB`].
 #[test]
 fn two_thousand_connected_peers_stay_under_the_ceiling() {
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let d = up8_capped(&dir, 2048);
     let before = status_kib(d.pid(), "VmRSS");
@@ -299,6 +313,7 @@ fn dealers(n: usize, endpoint: &str) -> (Vec<zmq::Context>, Vec<zmq::Socket>) {
 /// 128 attackers ever get an answer.
 #[test]
 fn five_thousand_peers_from_one_host_leave_room_for_the_others() {
+    let _alone = alone();
     descriptors(12_000);
     let route = format!("tcp://127.0.0.1:{}", free_port());
     let mut args = vec!["--dp-size", "8"];

@@ -7,7 +7,9 @@
 //! `max_peers_per_address`) take turns to disconnect and connect again,
 //! 2,000 connections a second in all, while one frontend from 127.0.0.1
 //! routes; its latency is compared with the same frontend's before the
-//! churn, and dpcoord's peak RSS is shown. (All at once, thousands of
+//! churn, and dpcoord's peak RSS and CPU time are shown. A
+//! refused DEALER also connects again by itself every 100 ms (libzmq's
+//! default), so the refusals outnumber the connections the bench makes. (All at once, thousands of
 //! connects overflow the listen backlog and wait out SYN retransmissions:
 //! the attack would measure the kernel, not dpcoord.)
 
@@ -88,9 +90,10 @@ pub fn churn(mode: Mode) {
     // for the first, then for a whole turn.
     wait_for("the churn under way", || (refusals() > 0.0).then_some(()));
     std::thread::sleep(Duration::from_secs_f64(n as f64 / rate));
-    let (first, t) = (refusals(), Instant::now());
+    let (first, t, cpu) = (refusals(), Instant::now(), d.cpu());
     let mut loud = measure();
-    let refused_rate = (refusals() - first) / t.elapsed().as_secs_f64();
+    let refused = refusals() - first;
+    let (refused_rate, cpu_used) = (refused / t.elapsed().as_secs_f64(), d.cpu() - cpu);
     halt.store(true, Ordering::Relaxed);
     drop(churner.join().unwrap());
     drop(contexts);
@@ -110,6 +113,10 @@ pub fn churn(mode: Mode) {
     let ratio = f64::from(loud.quantile(0.99)) / f64::from(quiet.quantile(0.99).max(1));
     let judged = if mode == Mode::Smoke { " (smoke run: not judged)" } else { "" };
     println!("  p99 churn/quiet = {ratio:.2}{judged}; dpcoord peak RSS {} KiB", d.status_kib("VmHWM:"));
+    println!(
+        "  dpcoord CPU during the churn: {:.0}% of a core (every thread, the frontend's queries included)",
+        cpu_used.as_secs_f64() / phase.as_secs_f64() * 100.0
+    );
     stop.store(true, Ordering::Relaxed);
     eng.join().unwrap();
 }

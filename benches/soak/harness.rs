@@ -95,6 +95,19 @@ impl Dpcoord {
         self.status_kib("VmRSS:")
     }
 
+    /// CPU time all of dpcoord's threads (its own and libzmq's) have used,
+    /// from each thread's `/proc/PID/task/TID/schedstat` (nanoseconds on
+    /// the CPU, first field); threads that ended are not counted.
+    pub fn cpu(&self) -> Duration {
+        let pid = self.child.as_ref().unwrap().id();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+        let ns = tasks
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        Duration::from_nanos(ns)
+    }
+
     /// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`), 0 if unread.
     pub fn status_kib(&self, field: &str) -> u64 {
         let pid = self.child.as_ref().unwrap().id();

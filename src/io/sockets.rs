@@ -55,6 +55,11 @@ const BACKSTOP_SLACK: i64 = 64 << 10;
 /// (libzmq's default is 30 s). A connection that never greets holds a peer
 /// slot and about 32 KB until then; a real peer greets within milliseconds.
 pub const HANDSHAKE_MS: i32 = 5000;
+/// Connections the kernel may queue for libzmq to accept (libzmq's default
+/// is 100; the kernel caps it at `net.core.somaxconn`, 4096 by default).
+/// Under a burst of connections, a full queue drops new SYNs and every
+/// newcomer, a frontend too, waits out a retransmission (a second or more).
+const BACKLOG: i32 = 1024;
 /// libzmq's fixed ZAP endpoint.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
@@ -135,9 +140,11 @@ fn link_limit(own: usize) -> i64 {
 /// Asks libzmq to consult the ZAP handler for this bound socket's peers.
 /// Every bound socket has a domain, so that a reload can set an allowlist
 /// that was empty at start (it applies to connections made after it).
-/// Also sets the handshake deadline every bound socket shares.
+/// Also sets the handshake deadline and the listen backlog every bound
+/// socket shares.
 fn guard(s: &zmq::Socket, name: &'static str) -> Result<(), TransportError> {
     s.set_handshake_ivl(HANDSHAKE_MS).map_err(sock_err(name))?;
+    s.set_backlog(BACKLOG).map_err(sock_err(name))?;
     s.set_zap_domain(name).map_err(sock_err(name))
 }
 

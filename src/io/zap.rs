@@ -45,15 +45,19 @@ impl<'a> Gate<'a> {
         self.peers.drain(i, &self.monitors[i].socket, caps)
     }
 
-    /// Whether an ipc peer asking now takes `domain`'s socket over its cap.
-    /// libzmq reports a connection (`ACCEPTED`) before its handshake can
-    /// begin, so once its ZAP request is here, its event is in the monitor:
-    /// reading the monitor now counts it, even when the event came after
-    /// this round's read of the monitors.
-    fn ipc_over_cap(&mut self, domain: &str, coord: &Coordinator) -> Result<bool, zmq::Error> {
-        let (Some((cap, _)), Some(i)) = (self.caps(domain, coord), self.peers.index(domain)) else { return Ok(false) };
+    /// Reads `domain`'s monitor to the end, so the peer asking now is
+    /// counted, and a TCP peer beyond the caps already closed: libzmq
+    /// reports a connection (`ACCEPTED`) before its handshake can begin, so
+    /// once its ZAP request is here, its event is in the monitor, even when
+    /// it came after this round's read of the monitors. Then whether an ipc
+    /// peer (`tcp` false) takes the socket over its cap.
+    fn settle_over_cap(&mut self, domain: &str, tcp: bool, coord: &Coordinator) -> Result<bool, zmq::Error> {
+        let Some(i) = self.peers.index(domain) else { return Ok(false) };
         while self.count(i, coord)? {}
-        Ok(self.peers.refuse_ipc(domain, cap))
+        match self.caps(domain, coord) {
+            Some((cap, _)) if !tcp => Ok(self.peers.refuse_ipc(domain, cap)),
+            _ => Ok(false),
+        }
     }
 }
 
@@ -71,12 +75,14 @@ fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result
         _ => 2,
     };
     let listed = coord.allowlist(req.domain).map_or(true, |list| list.is_empty() || list.allows(req.address));
-    // TCP peers beyond the caps were closed when accepted (`io::peers`);
-    // an ipc peer has no address and is held to the socket's cap here.
+    // TCP peers beyond the caps are closed when accepted (`io::peers`;
+    // its answer then never reaches one); an ipc peer has no address and is
+    // held to the socket's cap here.
+    let tcp = Source::parse(req.address).is_some();
     let verdict = if !listed {
         coord.metrics().access_denied(req.domain);
         Verdict::NotAllowed
-    } else if Source::parse(req.address).is_none() && gate.ipc_over_cap(req.domain, coord)? {
+    } else if gate.settle_over_cap(req.domain, tcp, coord)? {
         Verdict::Full
     } else {
         Verdict::Admit
