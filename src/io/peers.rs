@@ -1,12 +1,14 @@
 //! Connected peers per bound socket (route, health, stats bind), counted
-//! from libzmq's socket monitors, and the cap the ZAP handler enforces.
+//! from libzmq's socket monitors, and the caps on them.
 //!
 //! Every peer costs libzmq about 38 KB (its stream buffers and the
 //! connection's pipes), and nothing else bounds how many connect, so each
-//! bound socket holds at most its `server.*_max_peers`; the ZAP handler
-//! refuses a new peer during its handshake when its socket is full, or
-//! when its source address holds `server.max_peers_per_address` there
-//! (counted per socket by `peer_sources`).
+//! bound socket holds at most its `server.*_max_peers`, and one source
+//! address at most `server.max_peers_per_address` of them (counted per
+//! socket by `peer_sources`). A TCP connection beyond either is shut down
+//! here as soon as its `ACCEPTED` is read, before any handshake; an ipc
+//! connection has no address and no ends to check, and the ZAP handler
+//! refuses it during its handshake when its socket is full (`io::zap`).
 //!
 //! The count is libzmq's own: `ACCEPTED` adds one, `DISCONNECTED` takes one
 //! away. In libzmq 4.3 every accepted connection ends with exactly one
@@ -16,16 +18,15 @@
 //! so the count is every connection the socket holds, handshaking ones
 //! included. `HANDSHAKE_SUCCEEDED` would count only admitted peers, but it
 //! carries no file descriptor, so its `DISCONNECTED` could not be told from
-//! a refused one's; a connection refused at the cap is closed within
-//! milliseconds, so the two counts differ only that long.
+//! a refused one's; a refused connection is closed within milliseconds, so
+//! the two counts differ only that long.
 //! `tests/peer_cap.rs::libzmq_ends_every_accepted_connection_with_one_disconnect`
 //! checks this against the vendored libzmq.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-
 use std::os::fd::RawFd;
-
 use std::time::Instant;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::peer_sources::{BySource, Source};
 use super::sockets::{sock_err, TransportError};
@@ -108,7 +109,7 @@ impl Refusal {
 
 impl Peers {
     /// Counts for the sockets of `monitors`, with their series in `registry`:
-    /// `dpcoord_peers_connected{socket}` and `dpcoord_peers_refused_total{socket}`.
+    /// `dpcoord_peers_connected{socket}` and `dpcoord_peers_refused_total{socket,reason}`.
     pub fn new(monitors: &[Monitor], registry: &Registry) -> Peers {
         let gauge = register(
             registry,

@@ -1,8 +1,10 @@
 //! The ZAP handler: answers libzmq's questions about every new peer of the
 //! bound sockets, from the allowlists and peer caps in force (a reload may
 //! change them; the decisions themselves are in `access` and `peers`). An
-//! empty allowlist admits everyone; a socket holding its cap admits nobody new,
-//! and an address holding its per-address cap on a socket admits no more there.
+//! empty allowlist admits everyone; an ipc socket holding its cap admits
+//! nobody new. The caps on TCP peers are enforced when a connection is
+//! accepted (`peers`), and the monitors that count connections are read
+//! here too: the [`Gate`] holds both.
 
 use std::time::Instant;
 
