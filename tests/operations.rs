@@ -125,6 +125,17 @@ fn reload_changes_policy_and_weight_under_load_and_a_bad_file_changes_nothing() 
         let r = health.call(json!({"v": 1, "op": "reload"}));
         assert_eq!(r["error"]["message"], "server.log_format: cannot change without a restart; nothing changed");
         assert_eq!(d.metric(r#"dpcoord_config_reloads_total{result="restart_required"}"#), Some(1.0));
+        // The size limits libzmq enforces on the sockets are set when they open.
+        write(&file, "[engines]\ndp_size = 3\n[limits]\nmax_message_bytes = 1048576\n");
+        let r = health.call(json!({"v": 1, "op": "reload"}));
+        assert_eq!(r["error"]["message"], "limits.max_message_bytes: cannot change without a restart; nothing changed");
+        write(&file, "[engines]\ndp_size = 3\n[kv_events]\nmax_batch_bytes = 1048576\n");
+        let r = health.call(json!({"v": 1, "op": "reload"}));
+        assert_eq!(
+            r["error"]["message"],
+            "kv_events.max_batch_bytes: cannot change without a restart; nothing changed"
+        );
+        assert_eq!(d.metric(r#"dpcoord_config_reloads_total{result="restart_required"}"#), Some(3.0));
         write(&file, "[engines]\ndp_size = 4\n");
         let r: Value = health.call(json!({"v": 1, "op": "reload"}));
         assert_eq!((r["ok"].clone(), r["dp_size"].clone()), (json!(true), json!(4)), "{r}");

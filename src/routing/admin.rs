@@ -2,8 +2,9 @@
 //! (`resize`, `reload`), `SIGHUP`, and the allowlists the ZAP handler asks
 //! about. A reload re-reads the configuration through an injected
 //! [`ConfigSource`] (the coordinator itself does no I/O) and applies what
-//! routing reads; what binds a socket cannot change without a restart, and
-//! a reload that would change it is refused naming the key.
+//! routing reads; what binds a socket, or sets a size limit libzmq enforces
+//! on one, cannot change without a restart, and a reload that would change
+//! it is refused naming the key.
 
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use super::Coordinator;
 use crate::config::{Config, ConfigError, Server};
 use crate::io::access::Allowlist;
 use crate::observability::metrics::ReloadResult;
-use crate::wire::{Admin, ErrorCode, WireError};
+use crate::wire::{Admin, ErrorCode, SourceLimits, WireError};
 
 /// Reads the configuration as at start: the file again, with the same
 /// flags folded in (so flags still win).
@@ -55,6 +56,20 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         ("kv_events.topic", old.kv_topic != new.kv_topic),
     ];
     Some(named.into_iter().find(|(_, changed)| *changed).map_or("server", |(key, _)| key))
+}
+
+/// The first size limit that libzmq enforces on dpcoord's sockets (each
+/// frame's `ZMQ_MAXMSGSIZE`, the high-water marks derived from it, set when
+/// a socket opens) that differs: a new value would hold for dpcoord's own
+/// checks but not for its sockets, so it waits for a restart.
+fn socket_limit_key(old: &SourceLimits, new: &SourceLimits) -> Option<&'static str> {
+    if old.message != new.message {
+        Some("limits.max_message_bytes")
+    } else if old.kv_batch != new.kv_batch {
+        Some("kv_events.max_batch_bytes")
+    } else {
+        None
+    }
 }
 
 impl Coordinator {
@@ -120,7 +135,9 @@ impl Coordinator {
             return Err((ReloadResult::Invalid, "this dpcoord was started without a configuration to re-read".into()));
         };
         let cfg = (reloadable.source)().map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
-        if let Some(key) = restart_key(&reloadable.server, &cfg.server) {
+        if let Some(key) = restart_key(&reloadable.server, &cfg.server)
+            .or_else(|| socket_limit_key(&self.sources, &super::source_limits(&cfg.settings)))
+        {
             return Err((ReloadResult::RestartRequired, format!("{key}: cannot change without a restart")));
         }
         reloadable.server = cfg.server;
