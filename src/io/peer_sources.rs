@@ -24,6 +24,9 @@
 //! recorded. Two live TCP connections never share both ends, so a
 //! descriptor libzmq closed and reused meanwhile, for another peer or for
 //! any other socket of the process, fails that check and is left alone.
+//! libzmq then reads the end of the stream (or fails a write with `EPIPE`:
+//! the Rust runtime ignores `SIGPIPE`, see `io::signals`) and closes the
+//! connection as if the peer had left, with its `DISCONNECTED`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
