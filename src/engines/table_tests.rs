@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::engines::testing::settings;
+use crate::engines::Sequence;
 
 fn table(dp: u32) -> EngineTable {
     EngineTable::new(&settings(dp))
