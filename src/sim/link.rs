@@ -5,16 +5,8 @@
 //! per engine, or, when dpcoord subscribes to SGLang load streams, a load
 //! PUB each engine binds. Only the engines inside dpcoord's table publish:
 //! one started before the operator's `resize` takes it in would have its
-//! updates dropped.
-//!
-//! **Sync mode** (for reproducible runs): before each user placement the
-//! link polls `state` until dpcoord shows the counts the engines last
-//! published, so a load-aware policy decides on the same facts in every run.
-//! `state` on the health socket changes no user routing state. With load
-//! streams, whose counts may repeat, it also waits until dpcoord has taken
-//! every message sent (its `dpcoord_stats_messages_total`). A stepped
-//! coordinator (`stepped`) has taken each message before its send returns,
-//! so nothing waits, and engines' heartbeats are events of virtual time.
+//! updates dropped. Sync mode, waiting before a user placement until
+//! dpcoord has taken what was published, is in `link_sync`.
 
 use std::time::{Duration, Instant};
 
@@ -26,10 +18,11 @@ use super::publisher::{LoadPub, Publisher};
 use super::stepped::Wiring;
 use crate::wire::Channel;
 
+#[path = "link_sync.rs"]
+mod link_sync;
+
 /// Engines re-send their stats at least this often (real time), as liveness.
 const HEARTBEAT: Duration = Duration::from_millis(25);
-/// Longest wait for dpcoord to catch up with published stats in sync mode.
-const SYNC_WAIT: Duration = Duration::from_millis(500);
 /// Longest wait for every rank to be `up` at the start.
 const BRING_UP: Duration = Duration::from_secs(10);
 
@@ -202,26 +195,6 @@ impl Link {
         Ok(())
     }
 
-    /// KV batches dpcoord has taken, whatever their outcome.
-    fn kv_taken(&self) -> u64 {
-        let Some(families) = self.registry.as_ref().map(prometheus::Registry::gather) else { return 0 };
-        let f = families.iter().find(|f| f.name() == "dpcoord_kv_batches_total");
-        f.map_or(0, |f| f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).sum())
-    }
-
-    fn kv_sent(&self) -> u64 {
-        self.kv.iter().map(KvPub::sent).sum()
-    }
-
-    /// Whether dpcoord has taken every KV batch sent since the count started.
-    fn all_kv_taken(&self) -> bool {
-        if self.kv.is_empty() || self.registry.is_none() {
-            return true;
-        }
-        let (taken, sent) = self.kv_counted_from;
-        self.kv_taken().saturating_sub(taken) >= self.kv_sent() - sent
-    }
-
     /// Publishes rank `rank`'s KV events of its last step as one batch (at
     /// virtual time `now`), unless there are none, the rank is dead or
     /// outside dpcoord's table, or it has no publisher.
@@ -357,66 +330,6 @@ impl Link {
             self.publish(rank as u32, e)?;
         }
         Ok(())
-    }
-
-    fn sync(&mut self) -> Result<(), NetError> {
-        if !(self.sync && self.dirty) || self.is_stepped() {
-            return Ok(());
-        }
-        let start = Instant::now();
-        loop {
-            let seen = self.observer.state()?;
-            let shown = seen.iter().zip(&self.pubs).all(|(s, p)| s.counts == p.shown());
-            if shown && self.all_taken() && self.all_kv_taken() {
-                self.dirty = false;
-                return Ok(());
-            }
-            if start.elapsed() > SYNC_WAIT {
-                self.sync_timeouts += 1;
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-}
-
-impl Link {
-    /// Messages dpcoord has taken from every source, if it lends its registry.
-    fn taken(&self) -> Option<u64> {
-        let families = self.registry.as_ref()?.gather();
-        let f = families.iter().find(|f| f.name() == "dpcoord_stats_messages_total")?;
-        Some(f.get_metric().iter().map(|m| m.get_counter().get_value() as u64).sum())
-    }
-
-    fn sent(&self) -> u64 {
-        self.pubs.iter().map(|p| p.sent).sum()
-    }
-
-    /// Starts the message count once the bring-up's messages have landed
-    /// (a PUB drops what it sends before the subscription is wired).
-    fn settle(&mut self) {
-        if self.is_stepped() || !self.pubs.iter().any(Publisher::is_load) {
-            return;
-        }
-        let mut last = self.taken();
-        loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let now = self.taken();
-            if now == last {
-                break;
-            }
-            last = now;
-        }
-        self.counted_from = (last.unwrap_or(0), self.sent());
-    }
-
-    /// Whether dpcoord has taken every load message sent since the count started.
-    fn all_taken(&self) -> bool {
-        if !self.pubs.iter().any(Publisher::is_load) {
-            return true;
-        }
-        let (taken, sent) = self.counted_from;
-        self.taken().map_or(true, |t| t.saturating_sub(taken) >= self.sent() - sent)
     }
 }
 
