@@ -16,20 +16,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-use std::sync::Arc;
+use rand::SeedableRng;
 
 use super::cluster::Cluster;
 use super::link::Link;
-use super::model::{Advance, Job, Micros};
+use super::model::{Advance, Micros};
 use super::net::{Answer, NetError};
-use super::oracle;
 use super::prompts::Source;
-use super::record::{bump, Death, Happened, Live, Recorder, Request};
+use super::record::{bump, Death, Happened, Live, Recorder};
 pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
 use super::stale::StalePicker;
 use super::workload::{Frontend, Load};
+
+#[path = "world_requests.rs"]
+mod world_requests;
 
 /// Wait before a failed or refused request is placed again.
 const RETRY_AFTER: Micros = 50_000;
@@ -301,114 +301,6 @@ impl World<'_> {
         self.rec.sample(self.now, held, work);
         let seen = self.link.statuses()?;
         self.rec.saw(self.now, seen);
-        Ok(())
-    }
-
-    fn arrival(&mut self, f: u32) -> Result<(), NetError> {
-        self.issue(f)?;
-        let fe = &mut self.frontends[f as usize];
-        if matches!(fe.load(), Load::Open { .. }) && !fe.exhausted() {
-            if let Some(gap) = fe.next_gap() {
-                let t = self.arrivals[f as usize] + gap;
-                self.arrivals[f as usize] = t;
-                self.at(t, Event::Arrival(f));
-            }
-        }
-        Ok(())
-    }
-
-    /// Frontend `f` sends its next request, if it has one.
-    fn issue(&mut self, f: u32) -> Result<(), NetError> {
-        let Some((mut prompt, mut output)) = self.frontends[f as usize].next_request() else { return Ok(()) };
-        let content = self.sources.get_mut(f as usize).map(Source::next_prompt);
-        if let Some(c) = &content {
-            (prompt, output) = (c.prompt_len, c.output_len());
-        }
-        let id = self.rec.requests.len() as u64;
-        self.rec.requests.push(Request {
-            frontend: f,
-            prompt,
-            output,
-            issued: self.now,
-            first_token: None,
-            done: None,
-            attempts: 0,
-            content,
-            cached: 0,
-        });
-        self.dispatch(id)
-    }
-
-    /// Asks dpcoord where request `id` goes and hands it to that engine
-    /// (after the hop, if there is one).
-    fn dispatch(&mut self, id: u64) -> Result<(), NetError> {
-        let r = &mut self.rec.requests[id as usize];
-        r.attempts += 1;
-        let (f, prompt, content) = (r.frontend, r.prompt, r.content.clone());
-        if self.spec.handoff.is_delayed() {
-            self.check_pending()?;
-        }
-        let p = self.spec.prompts_of;
-        let pin = match (p.oracle, &content) {
-            (Some(w), Some(c)) => {
-                let block = self.spec.engine.cache.map_or(16, |c| c.block);
-                let pick = oracle::pick(&self.cluster.engines, self.link.ranks(), c, block, w, self.cursor);
-                self.cursor = pick.map_or(self.cursor, |r| (r + 1) % self.link.ranks().max(1));
-                pick
-            }
-            _ => None,
-        };
-        let pin = match (pin, &mut self.local) {
-            (None, Some(l)) => Some(l.pick(f as usize, self.now, &self.cluster.engines, self.link.ranks())),
-            (pin, _) => pin,
-        };
-        let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
-        self.watch_death()?;
-        match self.link.route(f as usize, prompt, tokens, pin)? {
-            Answer::Rank(rank) => {
-                self.rec.placements[rank as usize] += 1;
-                if let Some(d) = &mut self.rec.death {
-                    d.placed(rank);
-                }
-                let (lo, hi) = self.spec.handoff.transit;
-                if hi == 0 {
-                    return self.deliver(id, rank);
-                }
-                let hop = self.rng.random_range(lo..=hi.max(lo));
-                self.at(self.now + hop, Event::Deliver(id, rank));
-            }
-            Answer::Refused(code) => {
-                tracing::debug!(request = id, code = %code, "placement refused; retrying");
-                self.rec.refusals += 1;
-                self.at(self.now + RETRY_AFTER, Event::Retry(id));
-            }
-        }
-        Ok(())
-    }
-
-    /// Request `id` reaches rank `rank`.
-    fn deliver(&mut self, id: u64, rank: u32) -> Result<(), NetError> {
-        let r = &self.rec.requests[id as usize];
-        let job = match &r.content {
-            Some(c) => Job::with_content(id, Arc::clone(c), self.now),
-            None => Job::new(id, r.prompt, r.output, self.now),
-        };
-        if self.cluster.admit(rank, job) {
-            self.link.publish(rank, &self.cluster.engines[rank as usize])
-        } else {
-            // The engine is gone: the frontend sees the failure and retries.
-            self.at(self.now + RETRY_AFTER, Event::Retry(id));
-            Ok(())
-        }
-    }
-
-    /// Compares dpcoord's `pending` per rank with the truth: the rank's
-    /// placements that its latest report, as dpcoord has it, does not include.
-    fn check_pending(&mut self) -> Result<(), NetError> {
-        let estimate = self.link.pending()?;
-        let truth: Vec<u64> =
-            (0..self.link.ranks()).map(|r| self.rec.placements[r as usize] - self.link.reported_received(r)).collect();
-        self.rec.pending.add(&estimate, &truth);
         Ok(())
     }
 
