@@ -24,8 +24,9 @@ from typing import Any, Callable, Generator, Iterable
 import zmq
 
 from . import _core
-from ._core import Endpoint, LocalRouter
+from ._core import Endpoint
 from ._endpoints import Endpoints
+from ._fallback import LocalRouter
 from .errors import DpcoordError, NoEngineAvailableError, RankUnavailableError, UnreachableError
 
 #: A call's flow: yields steps, gets their results sent back, returns the call's result.

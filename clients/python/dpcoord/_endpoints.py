@@ -9,7 +9,8 @@ from typing import Any
 import zmq
 
 from . import _refusal
-from ._core import Endpoint, LocalRouter, log
+from ._core import Endpoint, log
+from ._fallback import LocalRouter
 
 
 class Endpoints:
