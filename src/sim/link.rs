@@ -182,15 +182,7 @@ impl Link {
         if self.is_stepped() {
             return Ok(());
         }
-        let mut last = self.kv_taken();
-        loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let now = self.kv_taken();
-            if now == last {
-                break;
-            }
-            last = now;
-        }
+        let last = link_sync::still(|| self.kv_taken());
         self.kv_counted_from = (last, self.kv_sent());
         Ok(())
     }

@@ -59,15 +59,7 @@ impl Link {
         if self.is_stepped() || !self.pubs.iter().any(Publisher::is_load) {
             return;
         }
-        let mut last = self.taken();
-        loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let now = self.taken();
-            if now == last {
-                break;
-            }
-            last = now;
-        }
+        let last = still(|| self.taken());
         self.counted_from = (last.unwrap_or(0), self.sent());
     }
 
@@ -98,5 +90,18 @@ impl Link {
         }
         let (taken, sent) = self.kv_counted_from;
         self.kv_taken().saturating_sub(taken) >= self.kv_sent() - sent
+    }
+}
+
+/// Reads `read` every 20 ms until two reads in a row agree; that value.
+pub(super) fn still<T: PartialEq>(mut read: impl FnMut() -> T) -> T {
+    let mut last = read();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
     }
 }
