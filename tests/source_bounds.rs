@@ -109,6 +109,17 @@ fn config(dir: &tempfile::TempDir, extra: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// A socket of `kind` as an engine binds it (linger 0, then `configure`)
+/// on a fresh loopback port; with its endpoint.
+fn bound(ctx: &zmq::Context, kind: zmq::SocketType, configure: impl FnOnce(&zmq::Socket)) -> (zmq::Socket, String) {
+    let s = ctx.socket(kind).unwrap();
+    s.set_linger(0).unwrap();
+    configure(&s);
+    let ep = format!("tcp://127.0.0.1:{}", free_port());
+    s.bind(&ep).unwrap();
+    (s, ep)
+}
+
 fn reconnects(d: &Daemon, source: &str, endpoint: &str) -> Option<f64> {
     d.metric(&format!("dpcoord_source_reconnects_total{{endpoint=\"{endpoint}\",source=\"{source}\"}}"))
 }
@@ -116,10 +127,7 @@ fn reconnects(d: &Daemon, source: &str, endpoint: &str) -> Option<f64> {
 #[test]
 fn an_oversized_stats_frame_closes_the_link_and_dpcoord_connects_it_again() {
     let ctx = zmq::Context::new();
-    let publ = ctx.socket(zmq::PUB).unwrap();
-    publ.set_linger(0).unwrap();
-    let ep = format!("tcp://127.0.0.1:{}", free_port());
-    publ.bind(&ep).unwrap();
+    let (publ, ep) = bound(&ctx, zmq::PUB, |_| {});
     let d = Daemon::frozen("1", &["--stats-connect", &ep]);
     let malformed = r#"dpcoord_stats_messages_total{result="malformed"}"#;
     assert_eq!(reconnects(&d, "stats", &ep), Some(0.0));
@@ -178,10 +186,7 @@ fn kv(d: &Daemon, series: &str) -> f64 {
 #[test]
 fn an_oversized_kv_batch_closes_the_link_and_dpcoord_connects_it_again() {
     let ctx = zmq::Context::new();
-    let publ = ctx.socket(zmq::PUB).unwrap();
-    publ.set_linger(0).unwrap();
-    let ep = format!("tcp://127.0.0.1:{}", free_port());
-    publ.bind(&ep).unwrap();
+    let (publ, ep) = bound(&ctx, zmq::PUB, |_| {});
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::frozen("1", &["--config", &config(&dir, ""), "--kv-events-connect", &ep]);
     let mut seq = 0u64;
@@ -233,14 +238,8 @@ type Buffer = Arc<std::sync::Mutex<Vec<(u64, Vec<u8>)>>>;
 #[test]
 fn an_oversized_replay_frame_closes_the_link_and_the_next_replay_uses_the_new_one() {
     let ctx = zmq::Context::new();
-    let (pub_ep, replay_ep) = (format!("tcp://127.0.0.1:{}", free_port()), format!("tcp://127.0.0.1:{}", free_port()));
-    let publ = ctx.socket(zmq::PUB).unwrap();
-    publ.set_linger(0).unwrap();
-    publ.bind(&pub_ep).unwrap();
-    let router = ctx.socket(zmq::ROUTER).unwrap();
-    router.set_linger(0).unwrap();
-    router.set_rcvtimeo(20).unwrap();
-    router.bind(&replay_ep).unwrap();
+    let (publ, pub_ep) = bound(&ctx, zmq::PUB, |_| {});
+    let (router, replay_ep) = bound(&ctx, zmq::ROUTER, |r| r.set_rcvtimeo(20).unwrap());
     let buffer: Buffer = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let replays = {
@@ -334,16 +333,11 @@ fn padded(bytes: usize) -> Vec<u8> {
 #[test]
 fn a_kv_publisher_flooding_maximum_and_oversized_batches_stays_under_the_ceiling() {
     let ctx = zmq::Context::new();
-    let (pub_ep, replay_ep) = (format!("tcp://127.0.0.1:{}", free_port()), format!("tcp://127.0.0.1:{}", free_port()));
-    let publ = ctx.socket(zmq::PUB).unwrap();
-    publ.set_linger(0).unwrap();
-    publ.set_sndhwm(4).unwrap();
-    publ.bind(&pub_ep).unwrap();
-    let router = ctx.socket(zmq::ROUTER).unwrap();
-    router.set_linger(0).unwrap();
-    router.set_sndhwm(4).unwrap();
-    router.set_rcvtimeo(20).unwrap();
-    router.bind(&replay_ep).unwrap();
+    let (publ, pub_ep) = bound(&ctx, zmq::PUB, |p| p.set_sndhwm(4).unwrap());
+    let (router, replay_ep) = bound(&ctx, zmq::ROUTER, |r| {
+        r.set_sndhwm(4).unwrap();
+        r.set_rcvtimeo(20).unwrap();
+    });
     let (max, huge) = (padded(KV_DEFAULT_MAX), padded(KV_DEFAULT_MAX + SLACK + 1));
     let mut rest = &max[..];
     let decoded = rmpv::decode::read_value(&mut rest).unwrap();
