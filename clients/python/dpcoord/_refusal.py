@@ -1,10 +1,12 @@
 """Seeing dpcoord refuse a connection, and when to open a new socket.
 
 dpcoord's bound sockets (route, health, stats bind) refuse a new peer during
-its ZMTP handshake when the socket already holds ``server.*_max_peers`` peers
-(or ``server.max_peers_per_address`` from the peer's address), or when the
-peer's address is not in the socket's allowlist (ZAP status 400).
-libzmq 4.3 reports it on the refused socket's monitor as
+its ZMTP handshake (ZAP status 400) when the peer's address is not in the
+socket's allowlist, or, over ipc://, when the socket already holds
+``server.*_max_peers`` peers. (A tcp:// peer beyond ``server.*_max_peers`` or
+``server.max_peers_per_address`` is disconnected as soon as it is accepted
+instead, before any handshake; libzmq connects it again by itself.)
+libzmq 4.3 reports a refusal on the refused socket's monitor as
 ``EVENT_HANDSHAKE_FAILED_AUTH`` (value 400) and then, almost always, never
 connects that socket again: only a new socket gets another chance.
 :class:`Watch` reads those events without waiting; :class:`Backoff` spaces
@@ -25,8 +27,8 @@ from zmq.utils.monitor import parse_monitor_message
 #: Words for logs and error messages: what a refusal means, and the settings behind
 #: it (the status text, which would tell them apart, is not in the monitor event).
 MEANING = (
-    "its socket holds server.{channel}_max_peers peers, or server.max_peers_per_address from this"
-    " address, or this address is not in server.{channel}_allow"
+    "this address is not in server.{channel}_allow, or, over ipc, its socket holds"
+    " server.{channel}_max_peers peers"
 )
 
 _names = itertools.count()

@@ -93,9 +93,8 @@ def test_a_publisher_refused_at_the_stats_bind_gets_through_once_the_slot_is_fre
             prefix = f"stats publisher of rank 0: dpcoord at {d.stats}"
             assert [lvl for lvl, _ in records] == ["WARNING", "INFO"]
             assert records[0][1].startswith(
-                f"{prefix} refused the connection (its socket holds server.stats_max_peers peers,"
-                " or server.max_peers_per_address from this address, or this address is not in"
-                " server.stats_allow); its updates are lost until one is admitted"
+                f"{prefix} refused the connection (this address is not in server.stats_allow, or, over ipc,"
+                " its socket holds server.stats_max_peers peers); its updates are lost until one is admitted"
             )
             assert records[1][1] == f"{prefix} admitted the connection"
     finally:
@@ -115,15 +114,15 @@ def test_a_router_client_refused_at_route_and_health_recovers_once_they_have_roo
             with pytest.raises(UnreachableError) as e:
                 c.ping()
         assert e.value.message == (
-            f"connection refused by {d.route}: its socket holds server.route_max_peers peers,"
-            " or server.max_peers_per_address from this address, or this address is not in server.route_allow"
+            f"connection refused by {d.route}: this address is not in server.route_allow, or, over ipc,"
+            " its socket holds server.route_max_peers peers"
         )
         assert c.refusals == 1
         [warning] = [r.getMessage() for r in caplog.records if r.name == "dpcoord.client"]
         assert warning.startswith(
-            f"dpcoord route endpoint {d.route} refused this client's connection (its socket holds"
-            " server.route_max_peers peers, or server.max_peers_per_address from this address, or this"
-            " address is not in server.route_allow): a new connection in "
+            f"dpcoord route endpoint {d.route} refused this client's connection (this address is not in"
+            " server.route_allow, or, over ipc, its socket holds server.route_max_peers peers):"
+            " a new connection in "
         )
         # Refused: route answers from the fallback, the report is not delivered.
         assert c.route() == [0] and c.last_source == "fallback"
@@ -185,8 +184,8 @@ def test_a_client_outside_the_allowlist_is_told_why(dpcoord_bin, tmp_path):
         with pytest.raises(UnreachableError) as e:
             c.call("ping", channel="health")  # refused again, or not tried while the backoff runs
         assert e.value.message == (
-            f"connection refused by {d.health}: its socket holds server.health_max_peers peers,"
-            " or server.max_peers_per_address from this address, or this address is not in server.health_allow"
+            f"connection refused by {d.health}: this address is not in server.health_allow, or, over ipc,"
+            " its socket holds server.health_max_peers peers"
         )
         # Each refused socket was closed as soon as its refusal was read: none was tried twice.
         assert 1 <= c.refusals == d.metric("dpcoord_access_denied_total", 'socket="health"')
