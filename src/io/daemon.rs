@@ -50,7 +50,7 @@ impl Daemon {
         let shared = Arc::clone(&control);
         let thread = std::thread::Builder::new()
             .name("coordinator".into())
-            .spawn(move || transport::serve(sockets, &mut coord, &shared))
+            .spawn(move || transport::serve(sockets, &mut coord, &shared, fds))
             .map_err(TransportError::Thread)?;
         tracing::info!(
             route = %cfg.server.route_bind,

@@ -210,11 +210,11 @@ impl Peers {
         }
     }
 
-    /// Whether a new ipc peer of `domain`'s socket, already counted, makes
-    /// it hold more than `cap`; if so the refusal is counted and logged.
-    /// (A TCP peer beyond its caps was closed when it was accepted.)
-    pub fn refuse_ipc(&mut self, domain: &str, cap: u32) -> bool {
-        let Some(i) = self.index(domain) else { return false };
+    /// Whether a new ipc peer of socket `i` (its place, from `index`),
+    /// already counted, makes it hold more than `cap`; if so the refusal is
+    /// counted and logged. (A TCP peer beyond its caps was closed when it
+    /// was accepted.)
+    pub fn refuse_ipc(&mut self, i: usize, cap: u32) -> bool {
         let over = self.over(i, None, cap, u32::MAX).is_some();
         if over {
             self.refused(i, Refusal::SocketFull, None);

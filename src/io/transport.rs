@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::fds::Budget;
 use super::links::{Link, Relinks};
 use super::peers::{Monitor, Peers};
 use super::sockets::{sock_err, Sockets, Source, TransportError};
@@ -184,7 +185,9 @@ impl Polled<'_> {
 /// connections it knows of before it answers ZAP about them. After each
 /// round, source links libzmq closed for good are connected again
 /// (`io::links`).
-pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Result<(), TransportError> {
+/// `fds` is the descriptor budget found at start, which may hold a bound
+/// socket's peers below its cap.
+pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: Budget) -> Result<(), TransportError> {
     let Sockets { sources, route, health, zap, monitors, links, .. } = &sockets;
     let polled: Vec<Polled<'_>> = monitors
         .iter()
@@ -200,7 +203,7 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control) -> Re
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
     let drops = Drops::new(&coord.metrics().registry);
-    let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors);
+    let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
     let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
     let mut q = Queries { frames: Frames::new(), coord, drops };
     let mut asks = Vec::new();

@@ -30,8 +30,8 @@ pub struct Gate<'a> {
 }
 
 impl<'a> Gate<'a> {
-    pub fn new(peers: Peers, monitors: &'a [Monitor]) -> Gate<'a> {
-        Gate { peers, monitors, fds: Budget::current(), log: LogLimiter::default() }
+    pub fn new(peers: Peers, monitors: &'a [Monitor], fds: Budget) -> Gate<'a> {
+        Gate { peers, monitors, fds, log: LogLimiter::default() }
     }
 
     /// The caps in force for `domain`'s socket: its `*_max_peers` within
@@ -57,14 +57,14 @@ impl<'a> Gate<'a> {
         let Some(i) = self.peers.index(domain) else { return Ok(false) };
         while self.count(i, coord)? {}
         match self.caps(domain, coord) {
-            Some((cap, _)) if !tcp => Ok(self.peers.refuse_ipc(domain, cap)),
+            Some((cap, _)) if !tcp => Ok(self.peers.refuse_ipc(i, cap)),
             _ => Ok(false),
         }
     }
 }
 
 /// Answers one ZAP request: admit the peer if its socket's allowlist has
-/// its address and neither the socket nor that address holds its cap.
+/// its address and, for an ipc peer, the socket holds no more than its cap.
 fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result<(), zmq::Error> {
     let frames = zap.recv_multipart(zmq::DONTWAIT)?;
     let Some(req) = access::parse_request(&frames) else {
