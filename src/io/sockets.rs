@@ -115,25 +115,20 @@ pub fn reply_hwm(max_reply: usize) -> i32 {
     (PEER_REPLY_BYTES / message).clamp(MIN_HWM, MAX_QUERY_HWM) as i32
 }
 
-/// The receive high-water mark of a bound socket whose frames libzmq caps
-/// at `backstop` bytes: [`PEER_INBOUND_BYTES`] divided by it, within
-/// 16..=`most`.
-fn inbound_hwm(backstop: i64, most: usize) -> i32 {
-    (PEER_INBOUND_BYTES / backstop.max(1) as usize).clamp(MIN_INBOUND_HWM, most) as i32
-}
-
-/// The receive high-water mark of a connecting source whose frames libzmq
-/// caps at `limit` bytes: `budget` over it, within `least..=most`.
-fn link_hwm(budget: usize, limit: i64, least: usize, most: usize) -> i32 {
+/// A receive high-water mark from a byte budget: `budget` over `limit`,
+/// the largest frame libzmq lets in, within `least..=most`. Bound sockets
+/// use [`PEER_INBOUND_BYTES`] per peer, connecting sources their own.
+fn bytes_hwm(budget: usize, limit: i64, least: usize, most: usize) -> i32 {
     (budget / limit.max(1) as usize).clamp(least, most) as i32
 }
 
-/// libzmq's size limit per frame on a source dpcoord connects to: the
-/// source's own limit plus the slack the bound sockets' backstop has, so a
-/// message a little too large is still read and refused by dpcoord's check
-/// (counted, the link kept); a frame above closes the link, which
-/// `io::links` connects again.
-fn link_limit(own: usize) -> i64 {
+/// libzmq's size limit per frame for messages whose own limit (dpcoord's
+/// check) is `own` bytes: 64 KiB more, so a message a little too large is
+/// still read and refused by dpcoord (answered `too_large`, or counted with
+/// a source's link kept); a frame above it is a protocol error that closes
+/// the connection without a reply. A peer of a bound socket reconnects by
+/// itself; a link dpcoord connects to is connected again by `io::links`.
+fn frame_limit(own: usize) -> i64 {
     (own as i64).saturating_add(BACKSTOP_SLACK)
 }
 
@@ -149,11 +144,9 @@ fn guard(s: &zmq::Socket, name: &'static str) -> Result<(), TransportError> {
 }
 
 /// libzmq's own size limit (`ZMQ_MAXMSGSIZE`, per frame) on the bound
-/// sockets: `max_message_bytes`, which dpcoord enforces itself, plus 64 KiB.
-/// A frame over it is a protocol error that closes the peer's link without
-/// a reply (the peer reconnects by itself); it bounds what dpcoord reads.
+/// sockets ([`frame_limit`] of `max_message_bytes`): it bounds what dpcoord reads.
 fn backstop(cfg: &Config) -> i64 {
-    (cfg.settings.limits.max_message_bytes as i64).saturating_add(BACKSTOP_SLACK)
+    frame_limit(cfg.settings.limits.max_message_bytes)
 }
 
 fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zmq::Socket, Monitor), TransportError> {
@@ -164,7 +157,8 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zm
     // The decoder answers `too_large`; libzmq's limit stops what is far above it.
     s.set_maxmsgsize(backstop(cfg)).map_err(sock_err(name))?;
     s.set_linger(LINGER_MS).map_err(sock_err(name))?;
-    s.set_rcvhwm(inbound_hwm(backstop(cfg), MAX_QUERY_HWM)).map_err(sock_err(name))?;
+    s.set_rcvhwm(bytes_hwm(PEER_INBOUND_BYTES, backstop(cfg), MIN_INBOUND_HWM, MAX_QUERY_HWM))
+        .map_err(sock_err(name))?;
     let lim = &cfg.settings.limits;
     let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_size, lim.max_batch);
     s.set_sndhwm(reply_hwm(max_reply)).map_err(sock_err(name))?;
@@ -227,8 +221,8 @@ fn scraped(ctx: &zmq::Context, srv: &Server) -> Result<Source, TransportError> {
 
 /// The engine sources: a SUB bound at `stats_bind` (under the allowlist and
 /// libzmq's size backstop), and per endpoint of each kind dpcoord connects
-/// to its own socket, each with its own byte bound ([`link_limit`],
-/// [`link_hwm`]) and its link watched (`io::links`: libzmq never reconnects
+/// to its own socket, each with its own byte bound ([`frame_limit`],
+/// [`bytes_hwm`]) and its link watched (`io::links`: libzmq never reconnects
 /// a link it closed over an oversized frame; dpcoord does). Connecting
 /// sockets are never shared with the bound one: there libzmq would check
 /// dpcoord's own outgoing links against the allowlist too.
@@ -240,13 +234,14 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
         guard(&s, "stats")?;
         monitors.push(peers::watch(ctx, &s, "stats")?);
         s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
-        s.set_rcvhwm(inbound_hwm(backstop(cfg), SOURCE_HWM)).map_err(sock_err("stats"))?;
+        s.set_rcvhwm(bytes_hwm(PEER_INBOUND_BYTES, backstop(cfg), MIN_INBOUND_HWM, SOURCE_HWM))
+            .map_err(sock_err("stats"))?;
         s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
         crate::io::ipc::set_mode(&s, srv.ipc_mode)?;
         out.sources.push(Source { socket: s, kind: SourceKind::Stats });
     }
-    let limit = link_limit(cfg.settings.limits.max_message_bytes);
-    let hwm = link_hwm(SOURCE_LINK_BYTES, limit, MIN_SOURCE_HWM, SOURCE_HWM);
+    let limit = frame_limit(cfg.settings.limits.max_message_bytes);
+    let hwm = bytes_hwm(SOURCE_LINK_BYTES, limit, MIN_SOURCE_HWM, SOURCE_HWM);
     for (kind, endpoints) in connected(srv) {
         for ep in endpoints {
             out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
@@ -263,8 +258,8 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
 /// known to be its own, and a DEALER to its replay socket if it has one.
 fn kv_sources(ctx: &zmq::Context, cfg: &Config, out: &mut Opened) -> Result<(), TransportError> {
     let srv = &cfg.server;
-    let limit = link_limit(cfg.settings.kv.max_batch_bytes);
-    let hwm = link_hwm(KV_LINK_BYTES, limit, MIN_KV_HWM, KV_HWM);
+    let limit = frame_limit(cfg.settings.kv.max_batch_bytes);
+    let hwm = bytes_hwm(KV_LINK_BYTES, limit, MIN_KV_HWM, KV_HWM);
     for (i, ep) in srv.kv_events.iter().enumerate() {
         let stream = i as u16; // the config allows at most 65535 publishers
         let kind = SourceKind::KvEvents { stream, replay: false };
@@ -318,17 +313,18 @@ mod tests {
 
     #[test]
     fn inbound_marks_follow_the_backstop() {
-        assert_eq!(inbound_hwm(65_536 + BACKSTOP_SLACK, MAX_QUERY_HWM), 64);
-        assert_eq!(inbound_hwm((16 << 20) + BACKSTOP_SLACK, MAX_QUERY_HWM), 16);
-        assert_eq!(inbound_hwm(256 + BACKSTOP_SLACK, 10_000), 127);
+        let inbound = |max: usize, most| bytes_hwm(PEER_INBOUND_BYTES, frame_limit(max), MIN_INBOUND_HWM, most);
+        assert_eq!(inbound(65_536, MAX_QUERY_HWM), 64);
+        assert_eq!(inbound(16 << 20, MAX_QUERY_HWM), 16);
+        assert_eq!(inbound(256, 10_000), 127);
     }
 
     #[test]
     fn source_link_marks_follow_the_sources_own_limits() {
-        let stats = |max: usize| link_hwm(SOURCE_LINK_BYTES, link_limit(max), MIN_SOURCE_HWM, SOURCE_HWM);
+        let stats = |max: usize| bytes_hwm(SOURCE_LINK_BYTES, frame_limit(max), MIN_SOURCE_HWM, SOURCE_HWM);
         assert_eq!([stats(65_536), stats(256), stats(16 << 20)], [16, 31, 4], "default, least, most");
-        let kv = |max: usize| link_hwm(KV_LINK_BYTES, link_limit(max), MIN_KV_HWM, KV_HWM);
+        let kv = |max: usize| bytes_hwm(KV_LINK_BYTES, frame_limit(max), MIN_KV_HWM, KV_HWM);
         assert_eq!([kv(4 << 20), kv(64 << 10), kv(1024), kv(1 << 28)], [1, 64, 126, 1], "default, small, least, most");
-        assert_eq!(link_limit(4 << 20), (4 << 20) + 65_536);
+        assert_eq!(frame_limit(4 << 20), (4 << 20) + 65_536);
     }
 }
