@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-use super::sockets::{sock_err, Source, TransportError};
+use super::peers::event_of;
+use super::sockets::{self, Source, TransportError};
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 
@@ -63,17 +64,8 @@ pub fn connect(
 ) -> Result<Link, TransportError> {
     let inproc = format!("inproc://dpcoord.links.{source}");
     let events = AT_WORK.iter().fold(DISCONNECTED as i32, |all, &e| all | e as i32);
-    s.monitor(&inproc, events).map_err(sock_err(name))?;
-    let monitor = ctx.socket(zmq::PAIR).map_err(sock_err(name))?;
-    monitor.set_rcvhwm(EVENT_HWM).map_err(sock_err(name))?;
-    monitor.set_linger(0).map_err(sock_err(name))?;
-    monitor.connect(&inproc).map_err(sock_err(name))?;
-    s.connect(endpoint).map_err(|source| TransportError::Endpoint {
-        what: "connect",
-        socket: name,
-        endpoint: endpoint.to_owned(),
-        source,
-    })?;
+    let monitor = sockets::monitor(ctx, s, &inproc, events, EVENT_HWM, name)?;
+    s.connect(endpoint).map_err(sockets::endpoint_err("connect", name, endpoint))?;
     Ok(Link { source, endpoint: endpoint.to_owned(), monitor })
 }
 
@@ -96,7 +88,7 @@ const CONNECT_FAILED: usize = 1;
 /// What an event means for its link: closed (`Some(true)`), in libzmq's
 /// hands (`Some(false)`), or nothing (`None`).
 fn closes(event: &[u8]) -> Option<bool> {
-    let id = u16::from_ne_bytes(event.get(..2)?.try_into().ok()?);
+    let (id, _) = event_of(event)?;
     match id {
         DISCONNECTED => Some(true),
         _ if AT_WORK.contains(&id) => Some(false),

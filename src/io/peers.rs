@@ -29,7 +29,7 @@ use std::time::Instant;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::peer_sources::{BySource, Source};
-use super::sockets::{sock_err, TransportError};
+use super::sockets::{monitor, TransportError};
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 
@@ -56,11 +56,7 @@ pub struct Monitor {
 pub fn watch(ctx: &zmq::Context, s: &zmq::Socket, name: &'static str) -> Result<Monitor, TransportError> {
     let endpoint = format!("inproc://dpcoord.peers.{name}");
     let events = (zmq::SocketEvent::ACCEPTED as i32) | (zmq::SocketEvent::DISCONNECTED as i32);
-    s.monitor(&endpoint, events).map_err(sock_err(name))?;
-    let socket = ctx.socket(zmq::PAIR).map_err(sock_err(name))?;
-    socket.set_rcvhwm(EVENT_HWM).map_err(sock_err(name))?;
-    socket.set_linger(0).map_err(sock_err(name))?;
-    socket.connect(&endpoint).map_err(sock_err(name))?;
+    let socket = monitor(ctx, s, &endpoint, events, EVENT_HWM, name)?;
     Ok(Monitor { name, socket })
 }
 
@@ -83,7 +79,7 @@ pub struct Peers {
 
 /// A connection event: its kind and file descriptor (libzmq's event frame
 /// is the event id, u16, then its value, u32, native byte order).
-fn event_of(frame: &[u8]) -> Option<(u16, RawFd)> {
+pub(super) fn event_of(frame: &[u8]) -> Option<(u16, RawFd)> {
     let id = u16::from_ne_bytes(frame.get(..2)?.try_into().ok()?);
     let value = u32::from_ne_bytes(frame.get(2..6)?.try_into().ok()?);
     Some((id, value as RawFd))

@@ -81,9 +81,32 @@ pub(super) fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> Transport
     move |source| TransportError::Socket { socket, source }
 }
 
-fn endpoint_err(what: &'static str, socket: &'static str, endpoint: &str) -> impl FnOnce(zmq::Error) -> TransportError {
+pub(super) fn endpoint_err(
+    what: &'static str,
+    socket: &'static str,
+    endpoint: &str,
+) -> impl FnOnce(zmq::Error) -> TransportError {
     let endpoint = endpoint.to_owned();
     move |source| TransportError::Endpoint { what, socket, endpoint, source }
+}
+
+/// Asks libzmq to report `events` of `s` on `inproc`, and connects the PAIR
+/// socket that reads them, queueing at most `hwm` messages (two per event).
+/// Called before `s` binds or connects, so no event goes unseen.
+pub(super) fn monitor(
+    ctx: &zmq::Context,
+    s: &zmq::Socket,
+    inproc: &str,
+    events: i32,
+    hwm: i32,
+    name: &'static str,
+) -> Result<zmq::Socket, TransportError> {
+    s.monitor(inproc, events).map_err(sock_err(name))?;
+    let m = ctx.socket(zmq::PAIR).map_err(sock_err(name))?;
+    m.set_rcvhwm(hwm).map_err(sock_err(name))?;
+    m.set_linger(0).map_err(sock_err(name))?;
+    m.connect(inproc).map_err(sock_err(name))?;
+    Ok(m)
 }
 
 /// One engine source: a SUB socket and the format it carries.
