@@ -19,7 +19,8 @@ ARG RUST_VERSION=1
 ARG DEBIAN_RELEASE=bookworm
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
-# zmq-sys builds the vendored libzmq (zeromq-src) with the `cc` crate: it
+# zmq-sys builds libzmq from vendor/zeromq-src (libzmq 4.3.4 with dpcoord's
+# patch, vendor/README.md) with the `cc` crate: it
 # needs a C++ compiler (g++), not cmake or pkg-config. The slim Rust image
 # has gcc and libc6-dev but no g++.
 # hadolint ignore=DL3008

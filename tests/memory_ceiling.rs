@@ -28,18 +28,9 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
-const LIMIT_KIB: u64 = 128 * 1024;
 /// How much more RSS than before the attack may stay once the attackers
 /// have left: memory the allocator keeps for reuse rather than returning.
 const KEPT_KIB: u64 = 32 * 1024;
-
-/// `VmRSS` or `VmHWM` of a process, in KiB.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
 
 /// While an attack holds: a frontend that connects now is answered, and so is `/healthz`.
 fn served_during(d: &Daemon, what: &str) {

@@ -299,16 +299,8 @@ fn an_oversized_replay_frame_closes_the_link_and_the_next_replay_uses_the_new_on
     assert_eq!(replays.join().unwrap(), 2, "the huge answer, then the replay");
 }
 
-/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
-const LIMIT_KIB: u64 = 128 * 1024;
 /// The default `kv_events.max_batch_bytes`.
 const KV_DEFAULT_MAX: usize = 4 << 20;
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
 
 /// A `KVEventBatch` map of exactly `bytes` bytes: no events, rank 0, and a
 /// `pad` field dpcoord skips (so the index does not grow: the bytes are the

@@ -338,6 +338,16 @@ impl Daemon {
     }
 }
 
+/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
+pub const LIMIT_KIB: u64 = 128 * 1024;
+
+/// `VmRSS` or `VmHWM` of a process, in KiB.
+pub fn status_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 /// Runs `dpcoord ARGS` to its end (killed after 10 s); its exit code and stderr.
 pub fn run_to_end(args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))

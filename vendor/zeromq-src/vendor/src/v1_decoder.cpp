@@ -41,7 +41,8 @@
 
 zmq::v1_decoder_t::v1_decoder_t (size_t bufsize_, int64_t maxmsgsize_) :
     decoder_base_t<v1_decoder_t> (bufsize_),
-    _max_msg_size (maxmsgsize_)
+    _max_msg_size (maxmsgsize_),
+    _budget (maxmsgsize_)
 {
     int rc = _in_progress.init ();
     errno_assert (rc == 0);
@@ -138,6 +139,13 @@ int zmq::v1_decoder_t::eight_byte_size_ready (unsigned char const *)
 
 int zmq::v1_decoder_t::flags_ready (unsigned char const *)
 {
+    //  The frames of one message share the limit (message_budget.hpp).
+    if (unlikely (!_budget.admit (_in_progress.size (),
+                                  _tmpbuf[0] & msg_t::more))) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+
     //  Store the flags from the wire into the message structure.
     _in_progress.set_flags (_tmpbuf[0] & msg_t::more);
 

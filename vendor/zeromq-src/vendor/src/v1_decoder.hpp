@@ -31,6 +31,7 @@
 #define __ZMQ_V1_DECODER_HPP_INCLUDED__
 
 #include "decoder.hpp"
+#include "message_budget.hpp"
 
 namespace zmq
 {
@@ -54,6 +55,7 @@ class v1_decoder_t ZMQ_FINAL : public decoder_base_t<v1_decoder_t>
     msg_t _in_progress;
 
     const int64_t _max_msg_size;
+    message_budget_t _budget;
 
     ZMQ_NON_COPYABLE_NOR_MOVABLE (v1_decoder_t)
 };

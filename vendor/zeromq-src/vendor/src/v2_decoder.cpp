@@ -44,7 +44,8 @@ zmq::v2_decoder_t::v2_decoder_t (size_t bufsize_,
     decoder_base_t<v2_decoder_t, shared_message_memory_allocator> (bufsize_),
     _msg_flags (0),
     _zero_copy (zero_copy_),
-    _max_msg_size (maxmsgsize_)
+    _max_msg_size (maxmsgsize_),
+    _budget (maxmsgsize_)
 {
     int rc = _in_progress.init ();
     errno_assert (rc == 0);
@@ -100,6 +101,15 @@ int zmq::v2_decoder_t::size_ready (uint64_t msg_size_,
             errno = EMSGSIZE;
             return -1;
         }
+
+    //  The frames of one message share the limit (message_budget.hpp).
+    //  Commands are not part of a message: libzmq may send a PING between
+    //  two frames of one.
+    if (!(_msg_flags & msg_t::command)
+        && unlikely (!_budget.admit (msg_size_, _msg_flags & msg_t::more))) {
+        errno = EMSGSIZE;
+        return -1;
+    }
 
     //  Message size must fit into size_t data type.
     if (unlikely (msg_size_ != static_cast<size_t> (msg_size_))) {

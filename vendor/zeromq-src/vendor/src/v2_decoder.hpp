@@ -32,6 +32,7 @@
 
 #include "decoder.hpp"
 #include "decoder_allocators.hpp"
+#include "message_budget.hpp"
 
 namespace zmq
 {
@@ -62,6 +63,7 @@ class v2_decoder_t ZMQ_FINAL
 
     const bool _zero_copy;
     const int64_t _max_msg_size;
+    message_budget_t _budget;
 
     ZMQ_NON_COPYABLE_NOR_MOVABLE (v2_decoder_t)
 };
