@@ -87,6 +87,7 @@ class ClientBase(Endpoints):
         #: health_report calls that could not be delivered (no endpoint answered).
         self.dropped_reports = 0
         self.refusals = 0
+        self.drops = 0
         self._instance: str | None = None
 
     def _new_lock(self) -> Any:
@@ -281,8 +282,10 @@ class ClientBase(Endpoints):
         if self._refused_now(ep):
             if not ep.refusal.waiting():
                 self._reset(ep)  # refused sockets never connect again: a new one and probe now
-        elif time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
-            self._reset(ep)  # lazy pirate: a fresh socket and probe on the next call
+        elif not ep.watch.queued() and time.monotonic() - ep.probe_at > self.timeout_ms / 1000:
+            # Lazy pirate: a fresh socket and probe on the next call. Not for a socket only
+            # ever closed before its handshake: libzmq connects it again, its probe queued.
+            self._reset(ep)
 
     def _ensure_probe(self, ep: Endpoint) -> Steps:
         if ep.probe_at is not None or ep.refusal.waiting():

@@ -213,8 +213,9 @@ class Endpoint:
     ``down`` after a call found no answer within the timeout; while down, user calls
     do not wait on it: a ``ping`` probe is left in flight (``probe_at``) and checked
     without blocking on each call, so the endpoint is used again as soon as it answers.
-    ``watch`` reads the socket's handshakes; ``refusal`` says whether dpcoord's
-    latest one was a refusal, and when a new socket may be opened.
+    ``watch`` reads the socket's connections; ``refusal`` says whether dpcoord
+    refused the latest one or closed it before its handshake, and when a new
+    socket may be opened.
     """
 
     address: str

@@ -1,6 +1,7 @@
 """Endpoint bookkeeping the sync and asyncio clients share: opening and closing
 each endpoint's REQ socket, marking endpoints down and up, and what dpcoord's
-refusals of a connection (see :mod:`dpcoord._refusal`) do to an endpoint."""
+refusals of a connection, and its closes before a handshake (see
+:mod:`dpcoord._refusal`), do to an endpoint."""
 
 from __future__ import annotations
 
@@ -25,19 +26,31 @@ class Endpoints:
     #: Connections dpcoord refused during their handshake (its socket was full, or
     #: this address is not allowed), over every endpoint, since the client was made.
     refusals: int
+    #: Connections dpcoord closed before their handshake (over tcp://, its socket
+    #: was full, or this address held its share of it; libzmq connects again by
+    #: itself), over every endpoint, since the client was made.
+    drops: int
 
     def _where(self, channel: str) -> str:
         eps = self._eps[channel]
         if not eps:
             return f"no {channel} endpoint configured"
-        silent = [ep.address for ep in eps if not ep.refusal.refused]
-        refused = [ep.address for ep in eps if ep.refusal.refused]
+        silent = [ep.address for ep in eps if ep.refusal.run is None]
+        refused = [ep.address for ep in eps if ep.refusal.run == "refused"]
+        dropped = [ep.address for ep in eps if ep.refusal.run == "dropped"]
         parts = []
         if silent:
             parts.append("no answer within {} ms from {}".format(self.timeout_ms, ", ".join(silent)))
         if refused:
             meaning = _refusal.MEANING.format(channel=channel)
             parts.append("connection refused by {}: {}".format(", ".join(refused), meaning))
+        if dropped:
+            meaning = _refusal.DROP_MEANING.format(channel=channel)
+            parts.append(
+                "connection closed by {} before its handshake: {} (libzmq retries by itself)".format(
+                    ", ".join(dropped), meaning
+                )
+            )
         return "; ".join(parts)
 
     def _open(self, ep: Endpoint) -> zmq.Socket:
@@ -66,14 +79,16 @@ class Endpoints:
                 self._reset(ep)
 
     def _refused_now(self, ep: Endpoint) -> bool:
-        """Reads what ``ep``'s socket monitor saw, without waiting: refusals are
-        counted in :attr:`refusals` and the first of a run is logged. True when
-        this socket's latest handshake was refused (libzmq will not connect it
-        again: a new socket is needed)."""
+        """Reads what ``ep``'s socket monitor saw, without waiting: refusals and
+        closes before a handshake are counted in :attr:`refusals` and
+        :attr:`drops`, and the first of a run is logged. True when this socket's
+        latest handshake was refused (libzmq will not connect it again: a new
+        socket is needed; after a drop it connects again by itself)."""
         if ep.watch is None:
             return False
-        refused, change = ep.refusal.take(ep.watch)
-        self.refusals += refused
+        seen, change = ep.refusal.take(ep.watch)
+        self.refusals += seen["refused"]
+        self.drops += seen["dropped"]
         if change == "refused":
             log.warning(
                 "dpcoord %s endpoint %s refused this client's connection (%s): a new connection in %.2f s,"
@@ -84,17 +99,27 @@ class Endpoints:
                 ep.refusal.delay_s(),
                 ep.refusal.backoff.max_s,
             )
-        elif change == "admitted":
+        elif change == "dropped":
+            log.warning(
+                "dpcoord %s endpoint %s closed this client's connection before its handshake (%s):"
+                " libzmq connects again by itself, and calls wait up to timeout_ms for room",
+                ep.channel,
+                ep.address,
+                _refusal.DROP_MEANING.format(channel=ep.channel),
+            )
+        elif change == "admitted" and not ep.down:  # a down endpoint says it "answers again"
             log.info("dpcoord %s endpoint %s admitted this client's connection", ep.channel, ep.address)
         return ep.watch.outcome == "refused"
 
     def _mark_down(self, ep: Endpoint) -> None:
         if not ep.down:
-            if not ep.refusal.refused:  # a refusal was logged as one
+            if ep.refusal.run is None:  # a refusal or a drop was logged as one
                 log.warning("dpcoord %s endpoint %s: no answer within %d ms", ep.channel, ep.address, self.timeout_ms)
             ep.down = True
 
     def _mark_up(self, ep: Endpoint) -> None:
+        if ep.refusal.run is not None:
+            self._refused_now(ep)  # count the run's last events and end it (its info line)
         ep.refusal.clear()
         if ep.down:
             log.info("dpcoord %s endpoint %s answers again", ep.channel, ep.address)

@@ -1,14 +1,25 @@
-"""Seeing dpcoord refuse a connection, and when to open a new socket.
+"""Seeing dpcoord refuse or close a connection, and when to open a new socket.
 
-dpcoord's bound sockets (route, health, stats bind) refuse a new peer during
-its ZMTP handshake (ZAP status 400) when the peer's address is not in the
-socket's allowlist, or, over ipc://, when the socket already holds
-``server.*_max_peers`` peers. (A tcp:// peer beyond ``server.*_max_peers`` or
-``server.max_peers_per_address`` is disconnected as soon as it is accepted
-instead, before any handshake; libzmq connects it again by itself.)
-libzmq 4.3 reports a refusal on the refused socket's monitor as
-``EVENT_HANDSHAKE_FAILED_AUTH`` (value 400) and then, almost always, never
-connects that socket again: only a new socket gets another chance.
+dpcoord's bound sockets (route, health, stats bind) turn a new peer away in
+one of two ways:
+
+* **Refused** during its ZMTP handshake (ZAP status 400): the peer's address
+  is not in the socket's allowlist, or, over ipc://, the socket already holds
+  ``server.*_max_peers`` peers. libzmq 4.3 reports it on the refused socket's
+  monitor as ``EVENT_HANDSHAKE_FAILED_AUTH`` (value 400) and then, almost
+  always, never connects that socket again: only a new socket gets another
+  chance.
+* **Closed before its handshake** (a *drop*): over tcp://, a peer beyond
+  ``server.*_max_peers``, or beyond ``server.max_peers_per_address`` from its
+  address, is shut down as soon as it is accepted. The monitor reports
+  ``EVENT_CONNECTED``, ``EVENT_HANDSHAKE_FAILED_NO_DETAIL`` (the value is the
+  errno, ``EPIPE``), ``EVENT_DISCONNECTED``, ``EVENT_CONNECT_RETRIED``; libzmq
+  connects the same socket again by itself (every 0.1-0.2 s), and what was
+  given to it to send stays queued until a connection is admitted.
+
+Neither looks like a dpcoord that is not running (the connection is not even
+made: ``EVENT_CLOSED`` and a retry, no ``EVENT_CONNECTED``), nor like an
+admitted connection lost later (``EVENT_HANDSHAKE_SUCCEEDED`` came first).
 :class:`Watch` reads those events without waiting; :class:`Backoff` spaces
 the new sockets so refused peers do not hammer a full dpcoord;
 :class:`Refusals` follows one endpoint across the sockets opened to it.
@@ -20,6 +31,7 @@ import itertools
 import os
 import random
 import time
+from collections import Counter
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -30,41 +42,65 @@ MEANING = (
     "this address is not in server.{channel}_allow, or, over ipc, its socket holds"
     " server.{channel}_max_peers peers"
 )
+#: The same for a connection closed before its handshake (tcp:// only).
+DROP_MEANING = (
+    "its socket holds server.{channel}_max_peers peers, or this address holds"
+    " server.max_peers_per_address of them"
+)
 
 _names = itertools.count()
 
+#: A connection's end, by the monitor event that tells it.
+_OUTCOMES = {
+    zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "dropped",
+    zmq.EVENT_CLOSED: "absent",  # the connection was not made: nothing listens there
+}
+
 
 class Watch:
-    """The handshake outcomes of one connecting socket, read without waiting.
+    """The connections of one connecting socket, read without waiting.
 
-    Attach it before the socket connects. ``outcome`` is the latest handshake's
-    (None before the first, ``"refused"`` or ``"admitted"``); libzmq may, rarely,
-    reconnect a refused socket by itself, and a later admission wins."""
+    Attach it before the socket connects. ``outcome`` is the latest connection's:
+    None before the first, ``"admitted"``, ``"refused"``, ``"dropped"`` (closed
+    before its handshake) or ``"absent"`` (not made). libzmq connects a dropped
+    or absent socket again by itself and may, rarely, reconnect a refused one:
+    a later outcome wins."""
 
     def __init__(self, watched: zmq.Socket):
         address = f"inproc://dpcoord-watch-{os.getpid()}-{next(_names)}"
-        watched.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        mask = 0
+        for event in _OUTCOMES:
+            mask |= event
+        watched.monitor(address, mask)
         # A blocking PAIR on the same libzmq context, also under asyncio: it is
         # only ever read with NOBLOCK (or polled by the asyncio client's Poller).
         self.sock = zmq.Context.shadow(watched.context.underlying).socket(zmq.PAIR)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
         self.outcome: str | None = None
+        #: A connection of this socket was admitted (what it sent may have reached dpcoord).
+        self.ever_admitted = False
 
-    def poll(self) -> int:
-        """Reads the events that arrived; returns how many were refusals."""
-        refused = 0
+    def poll(self) -> Counter[str]:
+        """Reads the events that arrived; returns how many connections ended each way."""
+        seen: Counter[str] = Counter()
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return refused
-            event = parse_monitor_message(frames)["event"]
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                refused += 1
-                self.outcome = "refused"
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.outcome = "admitted"
+                return seen
+            outcome = _OUTCOMES.get(parse_monitor_message(frames)["event"])
+            if outcome is not None:
+                seen[outcome] += 1
+                self.outcome = outcome
+                self.ever_admitted |= outcome == "admitted"
+
+    def queued(self) -> bool:
+        """Every connection so far was closed before its handshake: what the socket
+        was given is still queued, and libzmq connects it again by itself."""
+        return self.outcome == "dropped" and not self.ever_admitted
 
     def close(self) -> None:
         """Closes the reading end (close the watched socket first: that ends its monitor)."""
@@ -98,31 +134,39 @@ class Backoff:
 
 
 class Refusals:
-    """One endpoint's handshakes, across the sockets opened to it one after another."""
+    """One endpoint's connections, across the sockets opened to it one after another."""
 
     def __init__(self) -> None:
-        #: The latest handshake with the endpoint was refused.
-        self.refused = False
+        #: ``"refused"`` or ``"dropped"`` while the latest connection ended that way
+        #: (a run of them), else None.
+        self.run: str | None = None
         self.backoff = Backoff()
 
-    def take(self, watch: Watch) -> tuple[int, str | None]:
+    @property
+    def refused(self) -> bool:
+        """The latest connection to the endpoint was refused."""
+        return self.run == "refused"
+
+    def take(self, watch: Watch) -> tuple[Counter[str], str | None]:
         """Takes in what ``watch`` (the current socket's) saw, without waiting.
-        Returns the number of refusals read and the change to report: ``"refused"``
-        (the first of a run; the new socket is due in ``delay_s()``), ``"admitted"``
-        (a run ended) or None."""
-        refused = watch.poll()
-        change = None
-        if refused:
+        Returns how many connections ended each way (see :meth:`Watch.poll`) and
+        the change to report: ``"refused"`` or ``"dropped"`` (a run began; after a
+        refusal the new socket is due in ``delay_s()``), ``"admitted"`` (a run
+        ended) or None."""
+        seen = watch.poll()
+        if seen["refused"]:
             self.backoff.refused(time.monotonic())
-            if not self.refused:
-                change = "refused"
-        if watch.outcome == "admitted":
-            if self.refused:
-                change = "admitted"
+        outcome = watch.outcome
+        if outcome is None:
+            return seen, None
+        if outcome == "admitted":
             self.backoff.reset()
-        if watch.outcome is not None:
-            self.refused = watch.outcome == "refused"
-        return refused, change
+        run = outcome if outcome in ("refused", "dropped") else None
+        change = None
+        if run != self.run:
+            change = run or ("admitted" if outcome == "admitted" else None)
+        self.run = run
+        return seen, change
 
     def waiting(self) -> bool:
         """Refused, and the backoff does not allow a new socket yet."""
@@ -133,6 +177,6 @@ class Refusals:
         return max(self.backoff.until - time.monotonic(), 0.0)
 
     def clear(self) -> None:
-        """The endpoint answered: not refused, and the backoff starts over."""
-        self.refused = False
+        """The endpoint answered: no run, and the backoff starts over."""
+        self.run = None
         self.backoff.reset()

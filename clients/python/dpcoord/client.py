@@ -35,6 +35,11 @@ class RouterClient(ClientBase):
       this address is not allowed) ends the wait at once and marks the endpoint
       down, counted in :attr:`refusals`; libzmq would not connect that socket
       again, so a new one is probed after a backoff (0.1 s, doubling to 2 s).
+    * A tcp:// connection dpcoord closes before its handshake (the socket, or
+      this address's share of it, is full) is counted in :attr:`drops` and
+      logged; libzmq connects the same socket again by itself, so the call
+      waits, up to ``timeout_ms``, for room, and :class:`UnreachableError`
+      says why when none came.
 
     A call takes at most about ``timeout_ms`` per endpoint that is believed up (and
     ``timeout_ms`` when another thread holds the client, after which ``route`` falls

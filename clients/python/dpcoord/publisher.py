@@ -71,7 +71,11 @@ class StatsPublisher:
     socket. ``boot`` and ``seq`` carry on, so the publisher stays one incarnation:
     the updates sent meanwhile are lost, a ``seq`` gap that dpcoord counts in
     ``dpcoord_stats_missed_total`` when it had already heard this boot.
-    Thread-safe.
+    Over tcp://, a connection beyond ``server.stats_max_peers`` or
+    ``server.max_peers_per_address`` is closed by dpcoord before its handshake
+    instead: :meth:`publish` counts it in :attr:`drops` and logs it the same
+    way, and libzmq connects the same socket again by itself (the updates sent
+    meanwhile are lost too). Thread-safe.
     """
 
     def __init__(
@@ -94,6 +98,8 @@ class StatsPublisher:
         self._linger_ms = linger_ms
         #: Connections dpcoord refused during their handshake (``bind=False`` only).
         self.refusals = 0
+        #: Connections dpcoord closed before their handshake (``bind=False``, tcp:// only).
+        self.drops = 0
         self._watch: _refusal.Watch | None = None
         self._refusal = _refusal.Refusals()
         self._sock = self._new_socket()
@@ -115,12 +121,14 @@ class StatsPublisher:
         self._sock.connect(self.endpoint)
 
     def _recover(self) -> None:
-        """Takes in the refusals the monitor saw; once the backoff allows, replaces
-        a refused socket by a new one (libzmq would not connect it again)."""
+        """Takes in the refusals and drops the monitor saw; once the backoff allows,
+        replaces a refused socket by a new one (libzmq would not connect it again;
+        a dropped one it connects again by itself)."""
         if self._watch is None:
             return
-        refused, change = self._refusal.take(self._watch)
-        self.refusals += refused
+        seen, change = self._refusal.take(self._watch)
+        self.refusals += seen["refused"]
+        self.drops += seen["dropped"]
         if change == "refused":
             log.warning(
                 "stats publisher of rank %d: dpcoord at %s refused the connection (%s); its updates are lost"
@@ -130,6 +138,14 @@ class StatsPublisher:
                 _refusal.MEANING.format(channel="stats"),
                 self._refusal.delay_s(),
                 self._refusal.backoff.max_s,
+            )
+        elif change == "dropped":
+            log.warning(
+                "stats publisher of rank %d: dpcoord at %s closed the connection before its handshake (%s);"
+                " its updates are lost until one is admitted: libzmq connects again by itself",
+                self.rank,
+                self.endpoint,
+                _refusal.DROP_MEANING.format(channel="stats"),
             )
         elif change == "admitted":
             log.info("stats publisher of rank %d: dpcoord at %s admitted the connection", self.rank, self.endpoint)

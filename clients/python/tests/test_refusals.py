@@ -1,7 +1,9 @@
 """A connection dpcoord refuses during its handshake (its socket holds
 ``server.*_max_peers`` peers): libzmq does not connect that socket again, so the
 client and the publisher see the refusal on the socket's monitor and open a new
-socket, with a backoff, until one is admitted."""
+socket, with a backoff, until one is admitted. Over tcp://, a connection beyond
+a cap is closed before its handshake instead (a drop): libzmq connects the same
+socket again by itself, and the client and the publisher count it and say why."""
 
 from __future__ import annotations
 
@@ -26,6 +28,27 @@ def capped(start_daemon, tmp_path, **caps: int):
     cfg = tmp_path / "caps.toml"
     cfg.write_text("[engines]\ndp_size = 1\n[server]\n" + "".join(f"{k} = {v}\n" for k, v in caps.items()))
     return start_daemon("--config", str(cfg))
+
+
+@pytest.fixture
+def tcp_capped(dpcoord_bin, tmp_path):
+    """``tcp_capped(route_max_peers=1)``: a dpcoord with one rank and the given
+    ``[server]`` caps, its route and stats binds on tcp:// (where a peer beyond a
+    cap is closed before its handshake); stopped at teardown."""
+    started: list[Daemon] = []
+
+    def start(**caps: int) -> Daemon:
+        cfg = tmp_path / "caps.toml"
+        cfg.write_text("[engines]\ndp_size = 1\n[server]\n" + "".join(f"{k} = {v}\n" for k, v in caps.items()))
+        (tmp_path / "d").mkdir()
+        d = Daemon(dpcoord_bin, tmp_path / "d", ["--config", str(cfg)])
+        d.route, d.stats = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        assert d.stop() == 0, d.log()
 
 
 def holder(endpoint: str) -> zmq.Socket:
@@ -193,3 +216,78 @@ def test_a_client_outside_the_allowlist_is_told_why(dpcoord_bin, tmp_path):
     finally:
         c.close()
         assert d.stop() == 0, d.log()
+
+
+#: What a drop at the route socket means, in the client's words.
+FULL = "its socket holds server.route_max_peers peers, or this address holds server.max_peers_per_address of them"
+
+
+def test_a_router_client_closed_before_its_handshake_says_why_and_gets_in_once_there_is_room(tcp_capped, caplog):
+    d = tcp_capped(route_max_peers=1, max_peers_per_address=1)
+    held = holder(d.route)
+    c = RouterClient(d.route, timeout_ms=1000, dp_size=1)
+    try:
+        with caplog.at_level(logging.INFO, logger="dpcoord.client"):
+            with pytest.raises(UnreachableError) as e:
+                c.ping()  # libzmq connects again by itself: the call waits out its timeout
+            assert e.value.message == f"connection closed by {d.route} before its handshake: {FULL} (libzmq retries by itself)"
+            assert c.refusals == 0 and 1 <= c.drops <= refused_metric(d, "route")
+            held.close()
+            assert c.ping() == 0  # no engine reported yet
+        assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dpcoord.client"] == [
+            (
+                "WARNING",
+                f"dpcoord route endpoint {d.route} closed this client's connection before its handshake ({FULL}):"
+                " libzmq connects again by itself, and calls wait up to timeout_ms for room",
+            ),
+            ("INFO", f"dpcoord route endpoint {d.route} answers again"),
+        ]
+        assert c.refusals == 0 and c.drops <= refused_metric(d, "route")
+    finally:
+        c.close()
+
+
+def test_a_publisher_closed_before_its_handshake_keeps_its_socket_and_gets_through(tcp_capped, caplog):
+    d = tcp_capped(stats_max_peers=1, max_peers_per_address=1)
+    first = StatsPublisher(d.stats, 0, bind=False, boot=1)
+    eventually("the first publisher's updates", lambda: (first.publish(**A), rank0(d)["boot"] == 1)[1])
+    second = StatsPublisher(d.stats, 0, bind=False, boot=2)  # closed at accept while `first` holds the slot
+    sock = second._sock
+    try:
+        with caplog.at_level(logging.INFO, logger="dpcoord.publisher"):
+            eventually("two drops", lambda: (first.publish(**A), second.publish(**B), second.drops >= 2)[2])
+            first.publish(**A)
+            assert (rank0(d)["boot"], rank0(d)["counts"]) == (1, [1, 2, 3, 1, 0])
+            first.close()
+            eventually("the second publisher's updates", lambda: (second.publish(**B), rank0(d)["boot"] == 2)[1])
+        assert second._sock is sock  # libzmq connected the same socket again
+        assert (second.refusals, first.drops) == (0, 0)
+        assert 2 <= second.drops <= refused_metric(d, "stats")
+        prefix = f"stats publisher of rank 0: dpcoord at {d.stats}"
+        assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dpcoord.publisher"] == [
+            (
+                "WARNING",
+                f"{prefix} closed the connection before its handshake (its socket holds server.stats_max_peers"
+                " peers, or this address holds server.max_peers_per_address of them); its updates are lost"
+                " until one is admitted: libzmq connects again by itself",
+            ),
+            ("INFO", f"{prefix} admitted the connection"),
+        ]
+    finally:
+        second.close()
+
+
+def test_the_async_client_says_why_too(tcp_capped):
+    d = tcp_capped(route_max_peers=1, max_peers_per_address=1)
+    held = holder(d.route)
+
+    async def main():
+        async with AsyncRouterClient(d.route, timeout_ms=1000, dp_size=1) as c:
+            with pytest.raises(UnreachableError) as e:
+                await c.ping()
+            assert e.value.message == f"connection closed by {d.route} before its handshake: {FULL} (libzmq retries by itself)"
+            assert c.refusals == 0 and 1 <= c.drops <= refused_metric(d, "route")
+            held.close()
+            assert await c.ping() == 0
+
+    asyncio.run(main())
