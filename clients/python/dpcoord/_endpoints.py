@@ -66,8 +66,8 @@ class Endpoints:
     def _reset(self, ep: Endpoint) -> None:
         if ep.sock is not None:
             self._refused_now(ep)  # count what its monitor saw before it goes
+            ep.watch.close()  # before the socket: see Watch.close
             ep.sock.close(linger=0)
-            ep.watch.close()
         ep.sock = None
         ep.watch = None
         ep.probe_at = None

@@ -74,10 +74,17 @@ class Watch:
         for event in _OUTCOMES:
             mask |= event
         watched.monitor(address, mask)
+        self._watched = watched
         # A blocking PAIR on the same libzmq context, also under asyncio: it is
         # only ever read with NOBLOCK (or polled by the asyncio client's Poller).
         self.sock = zmq.Context.shadow(watched.context.underlying).socket(zmq.PAIR)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # libzmq sends each event from its I/O thread with a blocking send: once
+        # the pipe holds its high-water mark (1000 + 1000 by default), that thread
+        # stops, and with it every socket of the context. Unbounded (RCVHWM 0),
+        # the pipe holds what arrives between two reads: one event per connection
+        # attempt, at most 10 a second (libzmq reconnects every 100 ms).
+        self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.connect(address)
         self.outcome: str | None = None
         #: A connection of this socket was admitted (what it sent may have reached dpcoord).
@@ -103,7 +110,14 @@ class Watch:
         return self.outcome == "dropped" and not self.ever_admitted
 
     def close(self) -> None:
-        """Closes the reading end (close the watched socket first: that ends its monitor)."""
+        """Stops the monitor, then closes the reading end; call it before closing
+        the watched socket. An event sent after the reading end is gone would
+        block libzmq's I/O thread for good (a PAIR without a peer blocks), and a
+        socket being closed still reports its connections' ends."""
+        try:
+            self._watched.disable_monitor()
+        except zmq.ZMQError:  # the watched socket is already closed: its monitor with it
+            pass
         self.sock.close(linger=0)
 
 

@@ -150,8 +150,8 @@ class StatsPublisher:
         elif change == "admitted":
             log.info("stats publisher of rank %d: dpcoord at %s admitted the connection", self.rank, self.endpoint)
         if self._watch.outcome == "refused" and not self._refusal.waiting():
+            self._watch.close()  # before the socket: see Watch.close
             self._sock.close(linger=0)  # nothing it holds can reach dpcoord
-            self._watch.close()
             self._sock = self._new_socket()
             self._connect()
 
@@ -236,9 +236,9 @@ class StatsPublisher:
 
     def close(self) -> None:
         with self._lock:
-            self._sock.close()
             if self._watch is not None:
-                self._watch.close()
+                self._watch.close()  # before the socket: see Watch.close
+            self._sock.close()
 
     def __enter__(self) -> "StatsPublisher":
         return self
