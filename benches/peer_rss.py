@@ -22,7 +22,7 @@ def settle():
     time.sleep(1.0)
     return rss()
 try:
-    ctx = zmq.Context(); ctx.setsockopt(zmq.MAX_SOCKETS, 4096)
+    ctx = zmq.Context(); ctx.set(zmq.MAX_SOCKETS, 4096)
     req = ctx.socket(zmq.REQ); req.connect(f"tcp://127.0.0.1:{rport}"); req.send(msgpack.packb({"v": 1, "op": "ping"})); req.recv()
     urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read()
     base = settle()
