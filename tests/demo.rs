@@ -22,8 +22,14 @@ struct Demo {
 
 impl Demo {
     fn start(seconds: &str) -> Demo {
+        Demo::start_with(&["--seconds", seconds])
+    }
+
+    /// `dpcoord demo ARGS`.
+    fn start_with(args: &[&str]) -> Demo {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-            .args(["demo", "--seconds", seconds])
+            .arg("demo")
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -137,4 +143,32 @@ fn ctrl_c_stops_the_demo_early_with_a_summary() {
     assert!(!out.contains("vLLM's rule ended after "), "the later phases do not run: {out}");
     assert!(out.contains("\nsummary (8 simulated ranks, 2 frontends, 32 requests in flight):\n"), "{out}");
     row(&out, "stale snapshot");
+}
+
+#[test]
+fn frontends_share_the_requests_in_flight_and_are_named_in_the_intro_and_summary() {
+    let demo = Demo::start_with(&["--seconds", "1", "--frontends", "4"]);
+    let (code, out) = demo.finish();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("dpcoord demo: 8 simulated engines, 4 frontends keeping 32 requests in flight "), "{out}");
+    assert!(out.contains("\nsummary (8 simulated ranks, 4 frontends, 32 requests in flight):\n"), "{out}");
+    for label in ["stale snapshot", "vLLM's rule", "through dpcoord"] {
+        let (placements, _) = row(&out, label);
+        let (completed, in_flight) = ended(&out, label);
+        assert_eq!(placements.iter().sum::<u64>(), completed + in_flight, "{label}: each request placed once");
+        assert_eq!(in_flight, 32, "{label}: 4 frontends, 8 in flight each");
+    }
+}
+
+#[test]
+fn a_frontend_count_outside_1_to_32_is_refused() {
+    for n in ["0", "33"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_dpcoord")).args(["demo", "--frontends", n]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("invalid value '{n}' for '--frontends <N>': {n} is not in 1..=32")),
+            "{stderr}"
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! `dpcoord demo`: the first command to run. One process holds dpcoord (on
 //! its embedded default config, private `ipc://` endpoints, HTTP metrics on
-//! 127.0.0.1), 8 simulated engines, 2 frontends and a health prober, in
+//! 127.0.0.1), 8 simulated engines, 2 frontends (`--frontends`) and a health prober, in
 //! three phases: the frontends place requests themselves from a stale
 //! snapshot of the engines' counts, then also counting their own picks
 //! (vLLM's rule), then they ask dpcoord. Each phase shows dpcoord's
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::io::http;
 use crate::sim::cluster::EngineSpec;
-use crate::sim::demo_view::{intro, render, summary, Outcome, Phase, CONCURRENCY, FRONTENDS, HOP_MS, RANKS};
+use crate::sim::demo_view::{intro, render, summary, Outcome, Phase, CONCURRENCY, HOP_MS, RANKS};
 use crate::sim::link::{Link, ProbeVia};
 use crate::sim::local::{DaemonSettings, Local};
 use crate::sim::model::DEFAULT_COST;
@@ -40,10 +40,14 @@ pub struct DemoArgs {
     /// 3k-token system prompts) with prefix caches and KV events, and shows each rank's cache hit rate.
     #[arg(long, value_name = "NAME", default_value = "least_load", value_parser = crate::sim::policy_names())]
     pub policy: String,
+    /// Frontends (API servers) sharing the requests in flight; with more of them, vLLM's rule
+    /// guesses more of the others' picks (dpcoord counts them).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub frontends: u32,
 }
 
 /// The simulated cluster: endless closed-loop traffic at wall-clock speed.
-fn workload(policy: &str, phase: Phase) -> ArmSpec {
+fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
     let cache_aware = policy == "cache_aware";
     let shared = Workload::Shared { tenants: 48, prefix: 3072, question: 640, output: 32 };
     let ms = |v: u64| v * 1000;
@@ -60,7 +64,7 @@ fn workload(policy: &str, phase: Phase) -> ArmSpec {
         slow: None,
         kill: None,
         resizes: Vec::new(),
-        frontends: FRONTENDS,
+        frontends,
         load: Load::Closed { concurrency: CONCURRENCY },
         prompts: None,
         lengths: Lengths { input: (500, 8000), output: (16, 128) },
@@ -139,8 +143,8 @@ fn phase(
     let local = Local::start(&settings, "demo")?;
     let (registry, published) = (local.registry.clone(), Arc::clone(&local.published));
     let web = http::spawn(rt.handle(), listener.try_clone()?, registry, published, http::Limits::default());
-    let spec = workload(&args.policy, phase);
-    let mut link = Link::open(&local.eps, FRONTENDS, ProbeVia::Health, RANKS, false)?;
+    let spec = workload(&args.policy, phase, args.frontends);
+    let mut link = Link::open(&local.eps, args.frontends, ProbeVia::Health, RANKS, false)?;
     let (stop, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Live::new(RANKS)));
     let world = {
         let (stop, live) = (Arc::clone(&stop), Arc::clone(&live));
@@ -167,7 +171,7 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let listener = metrics_listener()?;
     let addr = listener.local_addr()?;
-    println!("{}", intro(addr, args.seconds));
+    println!("{}", intro(addr, args.seconds, args.frontends));
     let mut outcomes = Vec::new();
     for p in Phase::ALL {
         let (outcome, interrupted) = phase(&rt, &listener, args, p)?;
@@ -177,7 +181,7 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
             break;
         }
     }
-    println!("{}", summary(&outcomes, addr));
+    println!("{}", summary(&outcomes, addr, args.frontends));
     Ok(())
 }
 

@@ -12,8 +12,7 @@ use super::stale::StaleRule;
 use crate::wire::StateView;
 
 pub const RANKS: u32 = 8;
-pub const FRONTENDS: u32 = 2;
-/// Requests in flight over both frontends (closed loop).
+/// Requests in flight over all frontends (closed loop).
 pub const CONCURRENCY: u32 = 32;
 /// The hop from a frontend to its engine, in milliseconds.
 pub const HOP_MS: (u64, u64) = (20, 50);
@@ -72,9 +71,9 @@ impl Phase {
 }
 
 /// What the demo runs, printed once at the start.
-pub fn intro(metrics: SocketAddr, seconds: u64) -> String {
+pub fn intro(metrics: SocketAddr, seconds: u64, frontends: u32) -> String {
     format!(
-        "dpcoord demo: {RANKS} simulated engines, {FRONTENDS} frontends keeping {CONCURRENCY} requests in flight \
+        "dpcoord demo: {RANKS} simulated engines, {frontends} frontends keeping {CONCURRENCY} requests in flight \
          (each takes\n\
          a {}-{} ms hop to its engine) and a prober on the health channel; three phases of {seconds} s\n\
          each. In phases 1 and 2 the frontends choose the rank and tell dpcoord (a pin); the table\n\
@@ -182,9 +181,9 @@ impl Outcome {
 }
 
 /// The closing comparison of the phases run.
-pub fn summary(outcomes: &[Outcome], metrics: SocketAddr) -> String {
+pub fn summary(outcomes: &[Outcome], metrics: SocketAddr, frontends: u32) -> String {
     let mut out = format!(
-        "summary ({RANKS} simulated ranks, {FRONTENDS} frontends, {CONCURRENCY} requests in flight):\n\
+        "summary ({RANKS} simulated ranks, {frontends} frontends, {CONCURRENCY} requests in flight):\n\
          {:<16} {:<32} {:>5} {:>7} {:>5} {:>11} {:>8}\n",
         "", "user placements per rank", "std", "busiest", "mean", "input tok/s", "ttft p99"
     );
@@ -249,7 +248,7 @@ mod tests {
         assert_eq!((alone.completed, alone.in_flight, alone.busiest, alone.mean_held), (2, 1, 1.0, 0.25));
         assert_eq!(alone.ended(), "stale snapshot ended after 4.0 s: 2 requests completed, 1 in flight at the end\n");
         let addr = SocketAddr::from(([127, 0, 0, 1], 9570));
-        let text = summary(&[alone.clone(), Outcome { phase: Phase::Dpcoord, ..alone }], addr);
+        let text = summary(&[alone.clone(), Outcome { phase: Phase::Dpcoord, ..alone }], addr, 2);
         let want = "summary (8 simulated ranks, 2 frontends, 32 requests in flight):\n\
             \x20                user placements per rank           std busiest  mean input tok/s ttft p99\n\
             stale snapshot     1   1   1   0   0   0   0   0    0.5     1.0   0.2         500   9.0 ms\n\
