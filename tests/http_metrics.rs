@@ -198,11 +198,14 @@ fn dispatch_stddev_is_exact_for_a_skewed_run() {
     for _ in 0..10 {
         assert_eq!(h.health_rank(json!({"v": 1, "op": "health_route", "rank": 1})), 1);
     }
-    let m = scrape_when(&d, "a tick after the run", |m| {
+    // Placements [5, 1, 1, 1]: mean 2, variance (9 + 1 + 1 + 1) / 4 = 3. A tick
+    // exports the pending gauges and then the stddev, and a scrape may fall
+    // between the two (seen once in a CI run: pending exported, stddev still
+    // 0), so both are awaited together; a wrong stddev never matches.
+    let m = scrape_when(&d, "a tick after the run exporting a stddev of sqrt(3)", |m| {
         m.per_rank("dpcoord_engine_requests", &[("state", "pending")], 4) == [5.0, 1.0, 1.0, 1.0]
+            && m.value("dpcoord_user_dispatch_stddev", &[]) == 3f64.sqrt()
     });
-    // Placements [5, 1, 1, 1]: mean 2, variance (9 + 1 + 1 + 1) / 4 = 3.
-    assert_eq!(m.value("dpcoord_user_dispatch_stddev", &[]), 3f64.sqrt());
     assert_eq!(m.per_rank("dpcoord_routed_total", &[("class", "user")], 4), [5.0, 1.0, 1.0, 1.0]);
     assert_eq!(m.per_rank("dpcoord_routed_total", &[("class", "health")], 4), [0.0, 10.0, 0.0, 0.0]);
 }
