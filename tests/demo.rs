@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use common::{http_raw, lines_of, wait_or_kill};
+use common::{http_raw, lines_of, run_to_end, wait_or_kill};
 
 /// Longest any one wait may take.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -72,6 +72,22 @@ fn row(text: &str, label: &str) -> (Vec<u64>, Vec<f64>) {
     (placements, numbers)
 }
 
+/// Each phase's summary row against its end line: every request placed once,
+/// 32 in flight at the end. Returns each phase's label and numbers (see [`row`]).
+fn placed_once(out: &str) -> Vec<(&'static str, Vec<f64>)> {
+    let labels = ["stale snapshot", "vLLM's rule", "through dpcoord"];
+    labels
+        .into_iter()
+        .map(|label| {
+            let (placements, numbers) = row(out, label);
+            let (completed, in_flight) = ended(out, label);
+            assert_eq!(placements.iter().sum::<u64>(), completed + in_flight, "{label}: each request placed once");
+            assert_eq!(in_flight, 32, "{label}: a closed loop of 32");
+            (label, numbers)
+        })
+        .collect()
+}
+
 /// `(completed, in flight)` from `<phase> ended after S s: C requests completed, F in flight at the end`.
 fn ended(text: &str, label: &str) -> (u64, u64) {
     // The phase's own length is wall time (3.0 s, or a tenth more on a loaded machine).
@@ -113,11 +129,7 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     assert!(last_table.iter().all(|l| l.split_whitespace().nth(1) == Some("up")), "{last_table:?}");
 
     // Wall-clock runs do not repeat exactly: the structure is asserted, not which phase spreads best.
-    for label in ["stale snapshot", "vLLM's rule", "through dpcoord"] {
-        let (placements, numbers) = row(&out, label);
-        let (completed, in_flight) = ended(&out, label);
-        assert_eq!(placements.iter().sum::<u64>(), completed + in_flight, "{label}: each request placed once");
-        assert_eq!(in_flight, 32, "{label}: a closed loop of 32");
+    for (label, numbers) in placed_once(&out) {
         assert!(numbers[1] >= numbers[2], "{label}: the busiest rank holds at least the mean: {numbers:?}");
     }
     let probes = out.lines().find_map(|l| l.strip_prefix("health probes: ")).expect("probes line");
@@ -152,20 +164,14 @@ fn frontends_share_the_requests_in_flight_and_are_named_in_the_intro_and_summary
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("dpcoord demo: 8 simulated engines, 4 frontends keeping 32 requests in flight "), "{out}");
     assert!(out.contains("\nsummary (8 simulated ranks, 4 frontends, 32 requests in flight):\n"), "{out}");
-    for label in ["stale snapshot", "vLLM's rule", "through dpcoord"] {
-        let (placements, _) = row(&out, label);
-        let (completed, in_flight) = ended(&out, label);
-        assert_eq!(placements.iter().sum::<u64>(), completed + in_flight, "{label}: each request placed once");
-        assert_eq!(in_flight, 32, "{label}: 4 frontends, 8 in flight each");
-    }
+    placed_once(&out); // 4 frontends, 8 in flight each: still 32 in each phase
 }
 
 #[test]
 fn a_frontend_count_outside_1_to_32_is_refused() {
     for n in ["0", "33"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_dpcoord")).args(["demo", "--frontends", n]).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let (code, stderr) = run_to_end(&["demo", "--frontends", n]);
+        assert_eq!(code, Some(2), "{stderr}");
         assert!(
             stderr.contains(&format!("invalid value '{n}' for '--frontends <N>': {n} is not in 1..=32")),
             "{stderr}"

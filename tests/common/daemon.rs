@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    eventually, free_addr, http, ipc, metric, publish_until, update, Client, Publisher, Spawned, DEADLINE, FROZEN,
+    connected, eventually, free_addr, http, ipc, metric, publish_until, update, Client, Publisher, Spawned, FROZEN,
 };
 
 pub struct Daemon {
@@ -120,11 +120,7 @@ impl Daemon {
 
     /// A raw socket of any type connected to one of the daemon's endpoints.
     pub fn socket(&self, kind: zmq::SocketType, endpoint: &str) -> zmq::Socket {
-        let s = self.ctx.socket(kind).unwrap();
-        s.set_linger(0).unwrap();
-        s.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
-        s.connect(endpoint).unwrap();
-        s
+        connected(&self.ctx, kind, endpoint)
     }
 
     /// The `state` reply.

@@ -1,6 +1,6 @@
 //! Test harness: spawns the real `dpcoord` binary on private ipc:// endpoints
 //! and talks to it with real ZeroMQ sockets (and real HTTP).
-#![allow(dead_code, unused_imports)] // each test file uses a different part of the harness
+#![allow(dead_code)] // each test file uses a different part of the harness
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,8 +66,6 @@ mod messages;
 mod peers;
 mod process;
 
-pub use daemon::*;
-pub use http::*;
-pub use messages::*;
-pub use peers::*;
-pub use process::*;
+// Each test file uses a different part of the harness, so some re-exports go unused in each.
+#[allow(unused_imports)]
+pub use {daemon::*, http::*, messages::*, peers::*, process::*};

@@ -6,6 +6,16 @@ use serde_json::{json, Value};
 
 use super::{encode, eventually, update, DEADLINE};
 
+/// A socket of `kind` connected to `endpoint`: linger 0, and a receive that
+/// fails after [`DEADLINE`].
+pub fn connected(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &str) -> zmq::Socket {
+    let s = ctx.socket(kind).unwrap();
+    s.set_linger(0).unwrap();
+    s.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
+    s.connect(endpoint).unwrap();
+    s
+}
+
 /// A REQ client; every call must be answered within [`DEADLINE`].
 pub struct Client {
     sock: zmq::Socket,
@@ -13,11 +23,7 @@ pub struct Client {
 
 impl Client {
     pub fn connect(ctx: &zmq::Context, endpoint: &str) -> Client {
-        let sock = ctx.socket(zmq::REQ).unwrap();
-        sock.set_linger(0).unwrap();
-        sock.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
-        sock.connect(endpoint).unwrap();
-        Client { sock }
+        Client { sock: connected(ctx, zmq::REQ, endpoint) }
     }
 
     /// Sends raw bytes as one frame and decodes the reply.
