@@ -68,9 +68,12 @@ def dpcoord_bin() -> str:
     return str(path)
 
 
-def raw_call(endpoint: str, query: dict[str, Any], timeout_ms: int = 1000) -> dict[str, Any] | None:
-    """One query on a fresh REQ socket; None when nothing answers within the timeout."""
-    sock = zmq.Context.instance().socket(zmq.REQ)
+def raw_call(
+    endpoint: str, query: dict[str, Any], timeout_ms: int = 1000, context: zmq.Context | None = None
+) -> dict[str, Any] | None:
+    """One query on a fresh REQ socket of ``context`` (``zmq.Context.instance()``
+    by default); None when nothing answers within the timeout."""
+    sock = (context or zmq.Context.instance()).socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)

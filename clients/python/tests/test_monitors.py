@@ -9,24 +9,17 @@ from __future__ import annotations
 import threading
 import time
 
-import msgpack
 import zmq
 
-from conftest import DEADLINE
+from conftest import DEADLINE, raw_call
 from dpcoord import RouterClient, StatsPublisher
 from dpcoord._refusal import Watch
 
 
 def answers_ping(ctx: zmq.Context, endpoint: str) -> bool:
     """A fresh REQ socket of ``ctx`` gets dpcoord's ping answered within the deadline."""
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        sock.send(msgpack.packb({"v": 1, "op": "ping"}))
-        return bool(sock.poll(int(DEADLINE * 1000), zmq.POLLIN)) and msgpack.unpackb(sock.recv())["ok"] is True
-    finally:
-        sock.close()
+    reply = raw_call(endpoint, {"v": 1, "op": "ping"}, int(DEADLINE * 1000), context=ctx)
+    return reply is not None and reply["ok"] is True
 
 
 def terminates(ctx: zmq.Context) -> bool:
