@@ -66,6 +66,14 @@ impl PrefixCache {
         self.blocks.is_empty()
     }
 
+    /// The share of the capacity that running jobs reference, at most 1:
+    /// vLLM's `kv_cache_usage`, which counts cached blocks no request uses
+    /// as free (they are evicted on demand).
+    pub fn usage(&self) -> f64 {
+        let referenced = self.blocks.len() - self.lru.len();
+        (referenced as f64 / self.spec.capacity.max(1) as f64).min(1.0)
+    }
+
     /// How many of `hashes`, from the first, the cache holds (no side effect).
     pub fn matched(&self, hashes: &[u64]) -> usize {
         hashes.iter().take_while(|h| self.blocks.contains_key(h)).count()
@@ -197,5 +205,17 @@ mod tests {
         assert_eq!((c.len(), c.evicted), (4, 1));
         c.release(&[7]);
         assert_eq!((c.len(), c.matched(&[7])), (3, 0));
+    }
+
+    #[test]
+    fn usage_counts_referenced_blocks_only() {
+        let mut c = cache(4);
+        c.store(&[1, 2], &[0; 4], 0, 2);
+        c.store(&[3], &[0; 2], 0, 1);
+        assert_eq!(c.usage(), 0.75);
+        c.release(&[1, 2]);
+        assert_eq!((c.len(), c.usage()), (3, 0.25), "cached but unused blocks count as free");
+        c.store(&[4, 5, 6, 7], &[0; 8], 0, 4);
+        assert_eq!(c.usage(), 1.0, "referenced past capacity: full");
     }
 }

@@ -316,6 +316,9 @@ impl World<'_> {
             }
             if a.finished {
                 r.done = Some(self.now);
+                if let Some(l) = &mut self.local {
+                    l.finished(a.id);
+                }
                 if let Some(live) = self.live {
                     bump(&live.completed, 1);
                     bump(&live.input_tokens, r.prompt.into());

@@ -77,7 +77,7 @@ impl World<'_> {
             _ => None,
         };
         let pin = match (pin, &mut self.local) {
-            (None, Some(l)) => Some(l.pick(f as usize, self.now, &self.cluster.engines, self.link.ranks())),
+            (None, Some(l)) => Some(l.pick(f as usize, id, self.now, &self.cluster.engines, self.link.ranks())),
             (pin, _) => pin,
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
