@@ -276,6 +276,9 @@ def real():
                 "vllm.v1.metrics.loggers",
                 "vllm.v1.metrics.stats",
                 "vllm.v1.engine",
+                "vllm.v1.engine.core_client",  # DPLBAsyncMPClient (tests/compat/vllm_engine.py)
+                "vllm.v1.engine.async_llm",
+                "vllm.v1.core.kv_cache_manager",
                 "sglang.srt.managers.load_snapshot",
                 "sglang.srt.observability.metrics_collector",
             )

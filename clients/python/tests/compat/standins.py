@@ -52,8 +52,26 @@ PROBED = frozenset(
 ABSENT = frozenset({"npu", "musa", "mlu", "hpu"})
 
 
-#: stand-in attributes with a real value: no HIP or CUDA build (so feature probes take the CPU path)
-VALUES = {"torch.version.hip": None, "torch.version.cuda": None}
+def infer_schema(fn, *args, mutates_args=(), **kwargs) -> str:
+    """torch.library.infer_schema, roughly: one ``Tensor name`` per parameter, one ``Tensor``
+    per returned value. vLLM's IR ops (vllm/ir/op.py) compare these strings and split them
+    at " -> "; a stand-in object each call would never compare equal."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    params = ", ".join(f"Tensor {name}" for name in sig.parameters)
+    ret = sig.return_annotation
+    n = len(getattr(ret, "__args__", ())) if getattr(ret, "__origin__", None) is tuple else 1
+    return f"({params}) -> " + ("Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")")
+
+
+#: stand-in attributes (of stand-in classes and modules) with a real value, by full name:
+#: no HIP or CUDA build (so feature probes take the CPU path); a schema string per function.
+VALUES = {
+    "torch.version.hip": None,
+    "torch.version.cuda": None,
+    "torch.library.infer_schema": infer_schema,
+}
 
 
 class _Meta(abc.ABCMeta):  # ABCMeta: stand-in classes mix with ABC bases
@@ -210,7 +228,8 @@ class StandinModule(types.ModuleType):
     def __getattr__(self, name):
         if (name.startswith("__") and name.endswith("__")) or name in ABSENT:
             raise AttributeError(name)
-        value = standin_class(f"{self.__name__}.{name}")
+        full = f"{self.__name__}.{name}"
+        value = VALUES[full] if full in VALUES else standin_class(full)
         setattr(self, name, value)  # the same object on every access
         return value
 
