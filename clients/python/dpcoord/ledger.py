@@ -8,14 +8,23 @@ one rising ``seq``, counters summed over all API servers, the last gauges any of
 them received. :class:`SharedLedger` keeps it in a small file under an exclusive
 ``flock``; :class:`RankLedger` itself does no I/O.
 
-Aborts. A request a client aborts leaves the engine without a finish reason
-(vLLM's ``OutputProcessor.abort_requests`` never reaches ``IterationStats``). The
-ledger counts as aborted, so as ``failed``, each request it saw queued or running
-in the engine that left it with no finish reported to any API server within
-``grace_s`` (the grace covers another API server's report of the same step
-arriving a little later). A request finished by a stop string in the API server
-can still be listed by the engine for a step or two: ``overlap`` keeps it from
-being counted twice.
+Exact books. Where dpcoord's hook is installed in vLLM's request path
+(:mod:`dpcoord.vllm_route`, on the vLLM versions it is tested against), every API
+server counts in its :data:`TALLY` each request it sends to an engine and each
+client abort vLLM's ``OutputProcessor.abort_requests`` reports for one of them;
+the stat loggers fold those counts into the rank's ledger (``exact``): ``received``
+is the requests sent to the rank, ``failed`` includes the aborts.
+
+Otherwise the counts are inferred from the gauges. A request a client aborts
+leaves the engine without a finish reason (vLLM's ``OutputProcessor.abort_requests``
+never reaches ``IterationStats``). The ledger then counts as aborted, so as
+``failed``, each request it saw queued or running in the engine that left it with
+no finish reported to any API server within ``grace_s`` (the grace covers another
+API server's report of the same step arriving a little later). A request
+finished by a stop string in the API server can still be listed by the engine
+for a step or two: ``overlap`` keeps it from being counted twice. Inference
+misses what the gauges never show, such as an abort followed within the grace by
+a new arrival.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
@@ -53,6 +64,8 @@ class RankLedger:
     lease_until: float = 0.0
     #: when any logger last sent an update for this rank
     last_sent: float = 0.0
+    #: whether ``received`` and the aborts come from the API servers' exact books
+    exact: bool = False
 
     @property
     def in_engine(self) -> int:
@@ -70,6 +83,13 @@ class RankLedger:
     ) -> None:
         """Folds one ``record()``: the engine's ``(waiting, running, kv_usage)``
         when this step's stats came here, and the requests this API server saw finish."""
+        if self.exact:
+            self.finished += finished
+            self.failed += failed
+            if gauges is not None:
+                self.waiting, self.running, self.kv_usage = gauges
+            self._latencies(ttft_ms, tpot_ms)
+            return
         if gauges is not None:
             waiting, running, _ = gauges
             # Everything listed in the engine was received (less what already counts as finished).
@@ -80,12 +100,26 @@ class RankLedger:
             self.waiting, self.running, self.kv_usage = gauges
             self.overlap = max(0, self.finished + self.failed + self.in_engine - self.received)
         self.received = max(self.received, self.finished + self.failed)
-        self.ttft = (self.ttft + list(ttft_ms))[-WINDOW:]
-        self.tpot = (self.tpot + list(tpot_ms))[-WINDOW:]
+        self._latencies(ttft_ms, tpot_ms)
         self.settle(now, grace_s)
 
+    def _latencies(self, ttft_ms: tuple[float, ...], tpot_ms: tuple[float, ...]) -> None:
+        self.ttft = (self.ttft + list(ttft_ms))[-WINDOW:]
+        self.tpot = (self.tpot + list(tpot_ms))[-WINDOW:]
+
+    def fold(self, added: int, aborted: int) -> None:
+        """Takes one API server's exact books since its last fold: requests sent to
+        this rank and client aborts of them. From the first fold on the ledger is
+        ``exact``; the inference from the gauges is off."""
+        self.exact = True
+        self.received += added
+        self.failed += aborted
+
     def settle(self, now: float, grace_s: float = 1.0) -> None:
-        """Counts as failed the requests gone from the engine with no finish for ``grace_s``."""
+        """Counts as failed the requests gone from the engine with no finish for ``grace_s``
+        (not when ``exact``: the books say when a request leaves)."""
+        if self.exact:
+            return
         gone = self.received - self.finished - self.failed - self.in_engine
         if gone <= 0:
             self.gone_since = None
@@ -123,6 +157,37 @@ class RankLedger:
     def from_json(cls, text: str) -> "RankLedger":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+
+
+class Tally:
+    """This process's exact books per rank, kept by the hook in vLLM's request path:
+    requests sent to each engine and client aborts of them, until a stat logger of
+    that rank folds them into the shared ledger (:meth:`take`). Thread-safe: the
+    hook counts on the event loop, the loggers' timer takes on its own thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._added: Counter[int] = Counter()
+        self._aborted: Counter[int] = Counter()
+        #: set when the hook is installed: the loggers of this process fold from then on
+        self.active = False
+
+    def sent(self, rank: int) -> None:
+        with self._lock:
+            self._added[rank] += 1
+
+    def aborted(self, rank: int) -> None:
+        with self._lock:
+            self._aborted[rank] += 1
+
+    def take(self, rank: int) -> tuple[int, int]:
+        """``(sent, aborted)`` for ``rank`` since the last take."""
+        with self._lock:
+            return self._added.pop(rank, 0), self._aborted.pop(rank, 0)
+
+
+#: the books of this process (one per API server)
+TALLY = Tally()
 
 
 class SharedLedger:

@@ -9,7 +9,7 @@ Environment (all optional except the endpoint):
 
 ``DPCOORD_STATS_ENDPOINT``  where to connect the PUB socket (dpcoord's ``--stats-bind``)
 ``DPCOORD_PUBLISH_MS``      timer period, default 250: how often the last gauges are repeated
-``DPCOORD_ABORT_GRACE_MS``  default 1000: see :mod:`dpcoord.ledger` (aborts)
+``DPCOORD_ABORT_GRACE_MS``  default 1000: see :mod:`dpcoord.ledger` (aborts, where the books are not exact)
 ``DPCOORD_STATE_DIR``       where the per-rank ledgers live, default ``/dev/shm`` (else the temp dir)
 ``DPCOORD_GROUP``           names one deployment's ledgers; default: the process that started
                             the API servers (pid and start time)
@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from .adapters import field, is_failure
-from .ledger import SharedLedger
+from .ledger import TALLY, SharedLedger
 from .publisher import StatsPublisher
 
 log = logging.getLogger("dpcoord.vllm")
@@ -184,6 +184,7 @@ class DpcoordStatLogger(StatLoggerBase):
             return
         with self.ledger.locked() as ledger:
             now = time.time()
+            self._fold(ledger)
             ledger.observe(now, gauges, finished, failed, ttft, tpot, self.settings.abort_grace_s)
             self._send(ledger, now)
 
@@ -193,11 +194,18 @@ class DpcoordStatLogger(StatLoggerBase):
             return
         with self.ledger.locked() as ledger:
             now = time.time()
+            self._fold(ledger)
             if not ledger.claim_timer(self.me, now, LEASE_PERIODS * self.settings.period_s):
                 return
             ledger.settle(now, self.settings.abort_grace_s)
             if now - ledger.last_sent >= self.settings.period_s:
                 self._send(ledger, now)
+
+    def _fold(self, ledger) -> None:
+        """This API server's exact books for the rank (requests sent, client aborts),
+        when dpcoord's hook keeps them here (:mod:`dpcoord.vllm_route`)."""
+        if TALLY.active:
+            ledger.fold(*TALLY.take(self.rank))
 
     def _send(self, ledger, now: float) -> None:
         """One update continuing the rank's shared sequence (called under the ledger's lock)."""
