@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -64,26 +65,38 @@ def test_engine_publisher_loop_and_sglang_hook(start_daemon):
 
 
 class FakeEngine(ThreadingHTTPServer):
-    """Answers any POST with what it saw, tagged with its index."""
+    """Answers any POST with what it saw, tagged with its index; ``/tokenize``
+    answers one token id per character, 100000 + its code point (``tokenize_status``
+    other than 200 makes it fail), and keeps each request and its ids."""
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, index: int, tokenize_status: int = 200):
+        self.index, self.tokenize_status = index, tokenize_status
+        self.tokenized: list[tuple[dict, list[int]]] = []
         engine = self
 
         class H(BaseHTTPRequestHandler):
             def log_message(self, *a):
                 pass
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                out = json.dumps(
-                    {"served_by": engine.index, "rank_header": self.headers.get("X-data-parallel-rank"), "body": body}
-                ).encode()
-                self.send_response(200)
+            def answer(self, status: int, obj: dict) -> None:
+                out = json.dumps(obj).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/tokenize":
+                    rank = self.headers.get("X-data-parallel-rank")
+                    return self.answer(200, {"served_by": engine.index, "rank_header": rank, "body": body})
+                if engine.tokenize_status != 200:
+                    return self.answer(engine.tokenize_status, {"error": {"message": "no tokenizer here"}})
+                text = json.dumps(body["messages"]) if "messages" in body else body["prompt"]
+                ids = [100_000 + ord(ch) for ch in text]
+                engine.tokenized.append((body, ids))
+                self.answer(200, {"tokens": ids, "count": len(ids), "max_model_len": 4096})
 
         super().__init__(("127.0.0.1", 0), H)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -91,6 +104,10 @@ class FakeEngine(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
 
 
 def post(url: str, body: dict, headers: dict | None = None):
@@ -109,8 +126,8 @@ def proxy():
     ex = load("frontend_openai")
     servers = []
 
-    def start(client: RouterClient, engines: list[str]) -> str:
-        s = ex.make_server(client, engines, "127.0.0.1", 0)
+    def start(client: RouterClient, engines: list[str], **kw) -> str:
+        s = ex.make_server(client, engines, "127.0.0.1", 0, **kw)
         servers.append(s)
         threading.Thread(target=s.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{s.server_address[1]}"
@@ -142,12 +159,73 @@ def test_openai_proxy_routes_through_dpcoord(start_daemon, engines, proxy):
     ranks = {post(url + "/v1/chat/completions", dict(chat, user="u1"))[1] for _ in range(3)}
     assert len(ranks) == 1
 
-    # One URL for all ranks: the rank travels as a header and in the body.
+    # One URL for all ranks: the rank travels as the engine reads it, vLLM's header
+    # or SGLang's body field, where a caller's pin is honoured too.
     url = proxy(client, [fakes[0].url])
     status, rank, body = post(url + "/v1/chat/completions", chat)
-    assert status == 200 and body["rank_header"] == rank and body["body"]["data_parallel_rank"] == int(rank)
+    assert status == 200 and body["rank_header"] == rank and "routed_dp_rank" not in body["body"]
+    url = proxy(client, [fakes[0].url], engine="sglang")
+    status, rank, body = post(url + "/v1/chat/completions", chat)
+    assert status == 200 and body["rank_header"] is None and body["body"]["routed_dp_rank"] == int(rank)
+    status, rank, body = post(url + "/generate", {"text": "x", "routed_dp_rank": 1})
+    assert (status, rank, body["body"]["routed_dp_rank"]) == (200, "1", 1)
     assert client.fallbacks == 0
     client.close()
     for f in fakes:
-        f.shutdown()
-        f.server_close()
+        f.close()
+
+
+def test_openai_proxy_sends_the_engines_token_ids(start_daemon, engines, proxy, tmp_path, caplog):
+    """The route query carries the ids the engine's /tokenize returned. The oracle
+    is dpcoord: in cache_aware approximate mode it records a routed prompt's blocks
+    (of 16 tokens before any KV event) for the rank it picked, and the health
+    socket's ``prefix`` op tells which rank holds a prompt's leading blocks."""
+    config = tmp_path / "cache_aware.toml"
+    config.write_text('[routing]\npolicy = "cache_aware"\nprefix_mode = "approximate"\npending_ttl_ms = 60000\n')
+    d = start_daemon("--config", str(config), "--dp-size", "2")
+    bring_up(d, engines, [0, 1])
+    fake, broken = FakeEngine(0), FakeEngine(1, tokenize_status=500)
+    client = RouterClient(d.route, d.health, timeout_ms=5000)
+
+    def holders(ids: list[int], rank: str) -> bool:
+        """Rank ``rank`` holds every whole block of ``ids``, the other rank none."""
+        reply = client.call("prefix", channel="health", tokens=ids)
+        blocks = len(ids) // 16
+        return blocks > 0 and reply["blocks"] == blocks and reply["matched"] == [
+            blocks if r == int(rank) else 0 for r in range(2)
+        ]
+
+    # SGLang, one URL: the chat form of /tokenize, its ids to dpcoord, the rank in the body.
+    url = proxy(client, [fake.url], engine="sglang")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "what is cached? " * 8}], "max_tokens": 4}
+    status, rank, body = post(url + "/v1/chat/completions", chat)
+    assert status == 200 and body["body"]["routed_dp_rank"] == int(rank) and body["rank_header"] is None
+    [(asked, ids)] = fake.tokenized
+    assert asked == {"model": "m", "messages": chat["messages"]}
+    assert holders(ids, rank)
+    # So cache_aware sends the same conversation back to the rank holding its prefix.
+    assert post(url + "/v1/chat/completions", chat)[1] == rank
+
+    # vLLM, one URL: a completion's text prompt, the rank as the header.
+    url = proxy(client, [fake.url])
+    completion = {"model": "m", "prompt": "once upon a time " * 4}
+    status, rank, body = post(url + "/v1/completions", completion)
+    assert status == 200 and body["rank_header"] == rank and "routed_dp_rank" not in body["body"]
+    asked, ids = fake.tokenized[-1]
+    assert asked == {"model": "m", "prompt": completion["prompt"]} and holders(ids, rank)
+    # Token ids in the body go as they are, without asking the engine.
+    asks, given = len(fake.tokenized), list(range(5000, 5040))
+    status, rank, _ = post(url + "/v1/completions", {"model": "m", "prompt": given})
+    assert status == 200 and len(fake.tokenized) == asks and holders(given, rank)
+
+    # No token ids: /tokenize fails (the log says so), or tokenize=False (--no-tokenize).
+    # dpcoord gets the estimated length and the request still goes through.
+    with caplog.at_level(logging.WARNING, logger="frontend"):
+        assert post(proxy(client, [broken.url]) + "/v1/completions", completion)[0] == 200
+    assert "/v1/completions (HTTP Error 500" in caplog.text and "estimated prompt length" in caplog.text
+    assert post(proxy(client, [fake.url], tokenize=False) + "/v1/completions", completion)[0] == 200
+    assert len(fake.tokenized) == asks
+    assert client.fallbacks == 0
+    client.close()
+    fake.close()
+    broken.close()
