@@ -7,8 +7,9 @@ and answers every :meth:`RouteLink.route` within ``timeout_s`` with a rank or wi
 the reason it has none:
 
 * ``unreachable``: no connection to dpcoord (``ZMQ_IMMEDIATE``: nothing is queued
-  for a dpcoord that is not there, so the answer is immediate, except for the
-  link's first query, which waits up to the deadline for the first connection);
+  for a dpcoord that is not there, so the answer is immediate, except while the
+  link's first connection is being made: until the deadline after the link was
+  made, a query waits for it);
 * ``timeout``: no reply within the deadline; after ``DOWN_AFTER`` timeouts in a row
   the link stops waiting (``down``: answered at once) and sends a ``ping`` every
   ``PROBE_EVERY_S`` until one is answered;
@@ -60,8 +61,9 @@ class RouteLink:
         self.timeouts = 0
         self.probe_id: int | None = None
         self.probe_at = 0.0
-        #: only the link's first query waits (up to the deadline) for a connection
-        self.first_wait_done = False
+        #: until a first send succeeds (or the first deadline passes), queries wait for a connection
+        self.born = time.monotonic()
+        self.connected = False
         self.loop.add_reader(self.sock.FD, self._drain)
 
     @property
@@ -77,16 +79,16 @@ class RouteLink:
         query["id"] = qid
         payload = _core.encode(query)
         if not self._send(payload):
-            if self.first_wait_done:
+            if self.connected:
                 return None, "unreachable"
-            # The link's first query: its connection may still be being made.
-            self.first_wait_done = True
-            end = time.monotonic() + self.timeout_s
-            while not (sent := self._send(payload)) and time.monotonic() < end:
+            # The link's first connection may still be being made: wait for it, at most
+            # until the deadline after the link was made.
+            while not (sent := self._send(payload)) and time.monotonic() < self.born + self.timeout_s:
                 await asyncio.sleep(0.0005)
             if not sent:
+                self.connected = True  # from now on, no query waits for a connection
                 return None, "unreachable"
-        self.first_wait_done = True
+        self.connected = True
         future = self.loop.create_future()
         timer = self.loop.call_later(self.timeout_s, self._expire, qid)
         self.waiting[qid] = (future, timer)

@@ -365,19 +365,22 @@ class Hook:
 _SKIP = -1
 
 
+_METRIC: Any = None
+
+
 def _metric() -> Any:
     """``dpcoord_hook_requests_total`` in the process's Prometheus registry (vLLM's
-    ``/metrics``, in multiprocess mode too); None without ``prometheus_client``."""
-    try:
-        from prometheus_client import Counter as PromCounter
-    except ImportError:
-        return None
-    try:
-        return PromCounter(
-            "dpcoord_hook_requests_total",
+    ``/metrics``, in multiprocess mode too), made once; None without ``prometheus_client``."""
+    global _METRIC
+    if _METRIC is None:
+        try:
+            from prometheus_client import Counter as PromCounter
+        except ImportError:
+            return None
+        _METRIC = PromCounter(
+            "dpcoord_hook_requests",
             "Requests of this vLLM API server by how their engine was chosen: by dpcoord, pinned by vLLM,"
             " or by vLLM's own rule because dpcoord was unreachable, late, refused, answered badly or out of range",
             ["outcome"],
         )
-    except ValueError:  # registered already (a second hook in one process: tests)
-        return None
+    return _METRIC
