@@ -228,6 +228,13 @@ fn bad_arguments_exit_2_saying_why() {
     );
     assert!(r.stderr.contains("[possible values: health-matrix, slow-rank, "), "{}", r.stderr);
     assert!(!out.path().join("health-matrix.txt").exists());
+    let r = sim(out.path(), &["vllm-dp", "--policy", "least_load"]);
+    assert_eq!(r.code, Some(2));
+    assert_eq!(
+        r.stderr,
+        "dpcoord: error: --policy least_load: vllm-dp runs its arms vllm-rule, least_load, cache_aware/events, \
+         and takes no --policy\n"
+    );
 }
 
 /// Every scenario, with its defaults, twice: the same bytes on stdout and
@@ -250,6 +257,47 @@ fn sim_all_repeats_byte_for_byte() {
     for ((path, a), (_, b)) in written.iter().zip(files(out.path())) {
         assert!(*a == b, "{} differs between the runs", path.display());
     }
+}
+
+/// vLLM 0.33's own balancing (vllm-rule) against the same API servers asking
+/// dpcoord, at 2 and 4 API servers, twice: exact rows, and the same bytes.
+#[test]
+fn vllm_dp_compares_vllms_rule_with_dpcoord_and_repeats_byte_for_byte() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["vllm-dp", "--requests", "480"];
+    let first = sim(out.path(), &args);
+    assert_eq!(first.code, Some(0), "stderr: {}", first.stderr);
+    let text = std::fs::read_to_string(out.path().join("vllm-dp.txt")).unwrap();
+    let svg = std::fs::read_to_string(out.path().join("vllm-dp.svg")).unwrap();
+    assert!(first.stdout.starts_with(&text), "the written report is what was printed");
+    // arm, API servers, completed, lost, input tok/s, ttft p50/p90/p99 ms, hit %, std, placements per rank.
+    for want in [
+        "vllm-rule 2 480 0 92,762 687.8 1608.7 2477.0 25.5 1.50 60 62 62 60 59 61 58 58",
+        "least_load 2 480 0 95,683 317.5 992.3 2343.0 26.0 1.58 58 60 62 60 59 63 59 59",
+        "cache_aware/events 2 480 0 162,851 91.4 992.3 2343.0 69.8 4.33 61 58 60 66 52 62 65 56",
+    ] {
+        let c = cells(want);
+        assert_eq!(row(&text, c[0], c[1]), c, "{want}");
+    }
+    for arm in ["vllm-rule", "least_load", "cache_aware/events"] {
+        let c = row(&text, arm, "4");
+        assert_eq!(c[2..4], ["480", "0"], "{arm} at 4 API servers: 480 completed, 0 lost");
+        assert_eq!(c[10..].iter().map(|n| n.parse::<u64>().unwrap()).sum::<u64>(), 480, "{arm}: placed once");
+    }
+    for line in [
+        "2 API servers, cache_aware/events vs vllm-rule: input tok/s 162,851 vs 92,762 (x1.76), ttft p50 91.4 vs \
+         687.8 ms, p99 2343.0 vs 2477.0 ms (x0.95), hit 69.8 vs 25.5 %",
+        "zero requests lost in every arm",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+    }
+    assert!(svg.contains(">vllm-dp: throughput and TTFT p90 per arm (solid: 2 API servers, pale: 4)<"), "{svg}");
+    assert_eq!(svg.matches(">a bar per arm: 2 frontends solid, 4 frontends pale; 0 at the bottom<").count(), 2);
+    let second = sim(out.path(), &args);
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    assert!(first.stdout == second.stdout, "stdout differs:\n{}\n---\n{}", first.stdout, second.stdout);
+    assert!(std::fs::read_to_string(out.path().join("vllm-dp.txt")).unwrap() == text, "vllm-dp.txt differs");
+    assert!(std::fs::read_to_string(out.path().join("vllm-dp.svg")).unwrap() == svg, "vllm-dp.svg differs");
 }
 
 /// Rank 3 dies at 29.78 s; its last stats went out less than 100 ms before

@@ -25,6 +25,8 @@
 //!   `prefix_report`: prefix caches per rank (LRU, prefill of uncached
 //!   tokens only), vLLM KV-event batches to dpcoord, shared-prefix / chat /
 //!   no-sharing workloads with token ids, the oracle arm, the `cache_aware` sweep
+//! - `vllm_dp`: vLLM's own DP balancing (`stale`) against the same API
+//!   servers asking dpcoord, on shared prefixes
 
 pub mod cluster;
 pub mod demo;
@@ -51,6 +53,7 @@ pub mod stale;
 pub mod stepped;
 pub mod svg;
 pub mod svg_heat;
+pub mod vllm_dp;
 pub mod workload;
 pub mod world;
 
@@ -101,7 +104,10 @@ pub enum Scenario {
     /// (approximate, events) and an oracle on shared-prefix, chat and no-sharing
     /// workloads, at 1 and 4 frontends (`--sweep`: the cache_aware weights).
     Prefix,
-    /// Each of the above in turn, except prefix (a run of its own: 30 arms).
+    /// vLLM 0.33's own DP balancing against the same 2 and 4 API servers asking dpcoord
+    /// (least_load, cache_aware with KV events), shared prefixes and prefix caches.
+    VllmDp,
+    /// Each of the above in turn, except prefix and vllm-dp (runs of their own).
     All,
 }
 
@@ -177,9 +183,9 @@ pub struct SimArgs {
     /// health-matrix uses the first (default round_robin).
     #[arg(long = "policy", value_name = "NAME", value_parser = policy_or_arm_names())]
     pub policies: Vec<String>,
-    /// prefix: requests per arm over all frontends.
-    #[arg(long, value_name = "N", default_value_t = 960, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub requests: u64,
+    /// prefix, vllm-dp: requests per arm over all frontends [default: 960 in prefix, 4800 in vllm-dp].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub requests: Option<u64>,
     /// prefix: requests in flight (closed loop) over all frontends.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub prefix_concurrency: u32,
@@ -229,6 +235,14 @@ impl SimArgs {
     /// arm's policy) in prefix, a `routing.policy` elsewhere.
     fn check_policies(&self) -> Result<(), SimError> {
         let scenario = self.scenario.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+        if self.scenario == Scenario::VllmDp {
+            if let Some(p) = self.policies.first() {
+                let arms = vllm_dp::ARMS.join(", ");
+                return Err(SimError::Usage(format!(
+                    "--policy {p}: vllm-dp runs its arms {arms}, and takes no --policy"
+                )));
+            }
+        }
         for p in &self.policies {
             let known = if self.scenario == Scenario::Prefix {
                 prefix::ARMS.iter().any(|arm| arm == p || arm.split('/').next() == Some(p.as_str()))

@@ -23,6 +23,9 @@ use super::{SimArgs, SimError};
 /// Tokens per KV block of the simulated engines.
 pub const BLOCK: u32 = 16;
 
+/// Requests per arm unless `--requests` says otherwise.
+pub const REQUESTS: u64 = 960;
+
 /// The arms, in table order.
 pub const ARMS: [&str; 5] = ["round_robin", "least_load", "cache_aware/approx", "cache_aware/events", "oracle"];
 
@@ -69,7 +72,7 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
         lockstep: a.lockstep.unwrap_or(false),
         frontends,
         load: Load::Closed { concurrency: a.prefix_concurrency },
-        prompts: Some(a.requests),
+        prompts: Some(a.requests.unwrap_or(REQUESTS)),
         sample_every: 250_000,
         horizon: 3_600_000_000,
         prompts_of: Prompts { workload: Some(w), on_wire, oracle, local: None },
@@ -106,7 +109,7 @@ fn setup(a: &SimArgs) -> String {
         a.chunk,
         a.cache_blocks,
         a.prefix_concurrency,
-        a.requests,
+        a.requests.unwrap_or(REQUESTS),
         a.speed,
         a.seed
     )

@@ -132,17 +132,26 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// One bar panel: a bar per arm run, 4-frontend runs paler.
+/// `N frontend(s)`.
+fn fe_count(n: &str) -> String {
+    format!("{n} frontend{}", if n == "1" { "" } else { "s" })
+}
+
+/// One bar panel: a bar per arm run, runs at the first arm's frontend count solid, others paler.
 fn panel(out: &mut String, x: f64, y: f64, title: &str, arms: &[ArmResult], value: impl Fn(&ArmResult) -> f64) {
     let (w, h) = (420.0, 150.0);
     let top = arms.iter().map(&value).fold(0.0, f64::max).max(1e-9);
+    let solid = arms.first().map_or("1", frontends);
+    let pale =
+        arms.iter().map(frontends).find(|&n| n != solid).map_or(String::new(), |n| format!(", {} pale", fe_count(n)));
     let _ = write!(
         out,
-        r##"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#bbb"/><text x="{x}" y="{}" font-size="12">{}</text><text x="{}" y="{}" font-size="10" fill="#444" text-anchor="middle">a bar per arm: 1 frontend solid, 4 frontends pale; 0 at the bottom</text>"##,
+        r##"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#bbb"/><text x="{x}" y="{}" font-size="12">{}</text><text x="{}" y="{}" font-size="10" fill="#444" text-anchor="middle">a bar per arm: {} solid{pale}; 0 at the bottom</text>"##,
         y - 6.0,
         esc(title),
         x + w / 2.0,
-        y + h + 13.0
+        y + h + 13.0,
+        fe_count(solid)
     );
     let mut labels: Vec<&str> = Vec::new();
     for a in arms {
@@ -157,7 +166,7 @@ fn panel(out: &mut String, x: f64, y: f64, title: &str, arms: &[ArmResult], valu
             let v = value(a);
             let bh = v / top * (h - 16.0);
             let (bx, by) = (x + i * slot + 2.0, y + h - bh);
-            let opacity = if frontends(a) == "1" { 1.0 } else { 0.45 };
+            let opacity = if frontends(a) == solid { 1.0 } else { 0.45 };
             let _ = write!(
                 out,
                 r##"<rect x="{bx:.1}" y="{by:.1}" width="{:.1}" height="{bh:.1}" fill="{}" fill-opacity="{opacity}"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"##,

@@ -16,7 +16,7 @@ use super::record::ArmResult;
 use super::stepped::{Core, Wiring};
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use super::{elastic, pending, prefix, report, svg, DaemonMode, Scenario, SimArgs, SimError};
+use super::{elastic, pending, prefix, report, svg, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
 use crate::config::keys;
 
 /// One scenario's report and chart.
@@ -282,6 +282,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::Elastic => elastic::elastic(a)?,
         Scenario::Pending => pending::pending(a)?,
         Scenario::Prefix => prefix::prefix(a)?,
+        Scenario::VllmDp => vllm_dp::vllm_dp(a)?,
     };
     let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
     emit(outcome)?;
