@@ -1,6 +1,6 @@
 //! `dpcoord demo` end to end: the real binary, its three phases' live
 //! tables without a TTY, its /metrics while they run, the comparison of the
-//! phases, and Ctrl-C (SIGINT).
+//! phases and its verdict, and Ctrl-C (SIGINT).
 mod common;
 
 use std::process::{Child, Command, Stdio};
@@ -11,6 +11,7 @@ use common::{http_raw, lines_of, run_to_end, wait_or_kill};
 
 /// Longest any one wait may take.
 const DEADLINE: Duration = Duration::from_secs(20);
+/// The live table's header (then `   hit %` once a rank has looked a prompt up in its cache).
 const HEADER: &str = "rank  status  placements  waiting  running  pending  penalty  probes";
 
 /// A running demo whose stdout lines arrive on a channel.
@@ -60,16 +61,44 @@ impl Demo {
     }
 }
 
-/// The summary row of `label`: 8 placements, then std, busiest, mean, input tok/s, ttft p99.
+/// The summary row of `label`: 8 placements, then std, busiest, mean, hit %, input tok/s, ttft p99.
 fn row(text: &str, label: &str) -> (Vec<u64>, Vec<f64>) {
     let summary = text.split("\nsummary (").nth(1).unwrap_or_else(|| panic!("no summary in {text}"));
     let line =
         summary.lines().find_map(|l| l.strip_prefix(label)).unwrap_or_else(|| panic!("no {label} row in {text}"));
     let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!((words.len(), words[13]), (14, "ms"), "{line}");
+    assert_eq!((words.len(), words[14]), (15, "ms"), "{line}");
     let placements = words[..8].iter().map(|n| n.parse().unwrap()).collect();
-    let numbers = words[8..13].iter().map(|n| n.replace(',', "").parse().unwrap()).collect();
+    let numbers = words[8..14].iter().map(|n| n.replace(',', "").parse().unwrap()).collect();
     (placements, numbers)
+}
+
+/// The verdict line, recomputed from the summary rows of vLLM's rule and
+/// dpcoord as printed: the ratios of their input tok/s and TTFT p99, to
+/// two decimals, and who came out ahead on those (none in a run too short
+/// for vLLM's rule to complete a request).
+fn verdict_of(text: &str) -> String {
+    let ((_, vllm), (_, dpcoord)) = (row(text, "vLLM's rule"), row(text, "through dpcoord"));
+    if vllm[4] == 0.0 || vllm[5] == 0.0 {
+        return "verdict: none, vLLM's rule completed no request to compare with".to_owned();
+    }
+    let (tps, p99) = (format!("{:.2}", dpcoord[4] / vllm[4]), format!("{:.2}", dpcoord[5] / vllm[5]));
+    let (t, p): (f64, f64) = (tps.parse().unwrap(), p99.parse().unwrap());
+    let word = |ahead: bool, behind: bool| {
+        if ahead {
+            "ahead"
+        } else if behind {
+            "behind"
+        } else {
+            "even"
+        }
+    };
+    let who = match (word(t > 1.0, t < 1.0), word(p < 1.0, p > 1.0)) {
+        ("ahead", "ahead") => "dpcoord ahead on both".to_owned(),
+        ("behind", "behind") => "dpcoord behind on both".to_owned(),
+        (a, b) => format!("dpcoord not ahead on both ({a} on tok/s, {b} on TTFT p99)"),
+    };
+    format!("verdict: through dpcoord {tps}x the input tok/s of vLLM's rule, TTFT p99 {p99}x: {who}")
 }
 
 /// Each phase's summary row against its end line: every request placed once,
@@ -107,20 +136,22 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     let metrics = http_raw(addr.parse().unwrap(), "GET", "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("dpcoord_routed_total{class=\"health\",dp_rank=\"0\"}"), "{metrics}");
-    demo.until("the last phase", |l| l.starts_with("phase 3/3, through dpcoord (least_load): "));
-    demo.until("the last phase's table", |l| l == HEADER);
+    demo.until("the last phase", |l| l.starts_with("phase 3/3, through dpcoord (cache_aware): "));
+    demo.until("the last phase's table", |l| l.starts_with(HEADER));
     let metrics = http_raw(addr.parse().unwrap(), "GET", "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "the last phase's daemon serves the same address: {metrics}");
     let (code, out) = demo.finish();
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains('\x1b'), "no cursor movement without a TTY");
     let progress: Vec<&str> = out.lines().filter(|l| l.starts_with('[') && l.contains(" s  epoch ")).collect();
-    assert_eq!(progress.len(), out.lines().filter(|l| *l == HEADER).count(), "{out}");
+    assert_eq!(progress.len(), out.lines().filter(|l| l.starts_with(HEADER)).count(), "{out}");
     let full = format!("[{}]   3.0/3 s  epoch ", "#".repeat(30));
     assert_eq!(progress.iter().filter(|l| l.starts_with(&full)).count(), 3, "each phase ran its 3 s: {out}");
-    for phase in
-        ["phase 1/3, stale snapshot: ", "phase 2/3, vLLM's rule: ", "phase 3/3, through dpcoord (least_load): "]
-    {
+    for phase in [
+        "phase 1/3, stale snapshot: ",
+        "phase 2/3, vLLM's rule (vLLM 0.33's API servers): ",
+        "phase 3/3, through dpcoord (cache_aware): ",
+    ] {
         assert!(out.lines().any(|l| l.starts_with(phase)), "{phase} in {out}");
     }
     assert!(out.contains("\npending: placed but not yet in the rank's own stats"), "{out}");
@@ -139,12 +170,16 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     assert_eq!(total, per_rank);
     assert!(out.contains("\n  they took no user placement\n"), "{out}");
     assert!(out.contains(&format!("metrics were served at http://{addr}/metrics")), "{out}");
+    // The last line: dpcoord against vLLM's rule, as the rows above say (whoever came out ahead).
+    let last = out.lines().rfind(|l| !l.is_empty()).unwrap();
+    assert!(last.starts_with("verdict: through dpcoord "), "{out}");
+    assert_eq!(last, verdict_of(&out), "{out}");
 }
 
 #[test]
 fn ctrl_c_stops_the_demo_early_with_a_summary() {
     let mut demo = Demo::start("600");
-    demo.until("a table", |l| l == HEADER);
+    demo.until("a table", |l| l.starts_with(HEADER));
     let started = Instant::now();
     let pid = demo.child.id().to_string();
     assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
@@ -155,6 +190,8 @@ fn ctrl_c_stops_the_demo_early_with_a_summary() {
     assert!(!out.contains("vLLM's rule ended after "), "the later phases do not run: {out}");
     assert!(out.contains("\nsummary (8 simulated ranks, 2 frontends, 32 requests in flight):\n"), "{out}");
     row(&out, "stale snapshot");
+    let last = out.lines().rfind(|l| !l.is_empty()).unwrap();
+    assert_eq!(last, "verdict: none, the demo stopped before vLLM's rule and through dpcoord both ran", "{out}");
 }
 
 #[test]
@@ -165,6 +202,26 @@ fn frontends_share_the_requests_in_flight_and_are_named_in_the_intro_and_summary
     assert!(out.starts_with("dpcoord demo: 8 simulated engines, 4 frontends keeping 32 requests in flight "), "{out}");
     assert!(out.contains("\nsummary (8 simulated ranks, 4 frontends, 32 requests in flight):\n"), "{out}");
     placed_once(&out); // 4 frontends, 8 in flight each: still 32 in each phase
+    assert!(
+        out.contains(
+            "\nphase 2/3, vLLM's rule (vLLM 0.33's API servers): each frontend takes the rank with the least\n\
+        max(waiting + running in its snapshot, 4 x its own unfinished requests there) and\n\
+        counts its pick 4 times until the next snapshot; it knows nothing of prefixes\n"
+        ),
+        "{out}"
+    );
+    assert_eq!(out.lines().rfind(|l| !l.is_empty()).unwrap(), verdict_of(&out), "{out}");
+}
+
+#[test]
+fn policy_least_load_runs_the_same_traffic_and_says_dpcoord_ignores_prefixes_too() {
+    let demo = Demo::start_with(&["--seconds", "1", "--policy", "least_load"]);
+    let (code, out) = demo.finish();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("phase 3/3, through dpcoord (least_load): ")), "{out}");
+    assert!(out.contains("dpcoord counts every\nplacement and (least_load), like vLLM's rule, ignores prefixes.\n"));
+    placed_once(&out);
+    assert_eq!(out.lines().rfind(|l| !l.is_empty()).unwrap(), verdict_of(&out), "{out}");
 }
 
 #[test]

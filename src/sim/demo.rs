@@ -1,10 +1,12 @@
 //! `dpcoord demo`: the first command to run. One process holds dpcoord (on
 //! its embedded default config, private `ipc://` endpoints, HTTP metrics on
-//! 127.0.0.1), 8 simulated engines, 2 frontends (`--frontends`) and a health prober, in
+//! 127.0.0.1), 8 simulated engines with prefix caches, 2 frontends
+//! (`--frontends`) sending shared-prefix prompts and a health prober, in
 //! three phases: the frontends place requests themselves from a stale
-//! snapshot of the engines' counts, then also counting their own picks
-//! (vLLM's rule), then they ask dpcoord. Each phase shows dpcoord's
-//! per-rank table live; a comparison of the three closes. Needs no setup.
+//! snapshot of the engines' counts, then by vLLM 0.33's rule (`stale`),
+//! then they ask dpcoord (`cache_aware` on KV events by default). Each
+//! phase shows dpcoord's per-rank table live; a comparison of the three and
+//! a verdict close. Needs no setup.
 
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -16,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use crate::io::http;
 use crate::sim::cluster::EngineSpec;
-use crate::sim::demo_view::{intro, render, summary, Outcome, Phase, CONCURRENCY, HOP_MS, RANKS};
+use crate::sim::demo_summary::{summary, Outcome};
+use crate::sim::demo_view::{intro, render, Phase, CACHE_BLOCKS, CONCURRENCY, HOP_MS, RANKS};
+use crate::sim::demo_view::{OUTPUT_TOKENS, PREFIX_TOKENS, QUESTION_TOKENS, TENANTS};
 use crate::sim::link::{Link, ProbeVia};
 use crate::sim::local::{DaemonSettings, Local};
 use crate::sim::model::DEFAULT_COST;
@@ -36,9 +40,9 @@ pub struct DemoArgs {
     /// How long each of the three phases runs, in seconds (Ctrl-C stops earlier).
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub seconds: u64,
-    /// `routing.policy` of the second phase; `cache_aware` runs a shared-prefix workload (48 tenants,
-    /// 3k-token system prompts) with prefix caches and KV events, and shows each rank's cache hit rate.
-    #[arg(long, value_name = "NAME", default_value = "least_load", value_parser = crate::sim::policy_names())]
+    /// `routing.policy` of the third phase: `cache_aware` reads the engines' KV events and sends
+    /// each request where its prefix is cached; `least_load` & co. balance load only.
+    #[arg(long, value_name = "NAME", default_value = "cache_aware", value_parser = crate::sim::policy_names())]
     pub policy: String,
     /// Frontends (API servers) sharing the requests in flight; with more of them, vLLM's rule
     /// guesses more of the others' picks (dpcoord counts them).
@@ -48,8 +52,8 @@ pub struct DemoArgs {
 
 /// The simulated cluster: endless closed-loop traffic at wall-clock speed.
 fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
-    let cache_aware = policy == "cache_aware";
-    let shared = Workload::Shared { tenants: 48, prefix: 3072, question: 640, output: 32 };
+    let shared =
+        Workload::Shared { tenants: TENANTS, prefix: PREFIX_TOKENS, question: QUESTION_TOKENS, output: OUTPUT_TOKENS };
     let ms = |v: u64| v * 1000;
     ArmSpec {
         name: "demo".into(),
@@ -58,7 +62,7 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
             chunk: 8192,
             max_running: 256,
             cost: DEFAULT_COST,
-            cache: cache_aware.then_some(CacheSpec { block: 16, capacity: 4096 }),
+            cache: Some(CacheSpec { block: 16, capacity: CACHE_BLOCKS }),
         },
         lockstep: false,
         slow: None,
@@ -67,7 +71,11 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
         frontends,
         load: Load::Closed { concurrency: CONCURRENCY },
         prompts: None,
-        lengths: Lengths { input: (500, 8000), output: (16, 128) },
+        // The shared-prefix prompts' lengths; their tokens come from `prompts_of`.
+        lengths: Lengths {
+            input: (PREFIX_TOKENS + QUESTION_TOKENS, PREFIX_TOKENS + QUESTION_TOKENS),
+            output: (OUTPUT_TOKENS, OUTPUT_TOKENS),
+        },
         probe: Some(Probe { every: ms(PROBE_EVERY_MS), via: ProbeVia::Health }),
         seed: 1,
         speed: 1.0,
@@ -76,8 +84,8 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
         handoff: Handoff { transit: (ms(HOP_MS.0), ms(HOP_MS.1)), grid: 0 },
         horizon: u64::MAX,
         prompts_of: Prompts {
-            workload: cache_aware.then_some(shared),
-            on_wire: cache_aware && phase == Phase::Dpcoord,
+            workload: Some(shared),
+            on_wire: policy == "cache_aware" && phase == Phase::Dpcoord,
             oracle: None,
             local: phase.rule(),
         },
@@ -152,7 +160,7 @@ fn phase(
             .name("demo-world".into())
             .spawn(move || world::run(&spec, &mut link, &stop, Some(&live)))?
     };
-    let heading = phase.heading(&args.policy);
+    let heading = phase.heading(&args.policy, args.frontends);
     let watched = rt.block_on(watch(&heading, &local, &live, &world, Duration::from_secs(args.seconds)));
     stop.store(true, Ordering::Relaxed);
     let rec = match world.join() {
@@ -181,7 +189,7 @@ fn run(args: &DemoArgs) -> Result<(), SimError> {
             break;
         }
     }
-    println!("{}", summary(&outcomes, addr, args.frontends));
+    println!("{}", summary(&outcomes, addr, args.frontends, &args.policy));
     Ok(())
 }
 

@@ -1,13 +1,14 @@
-//! What `dpcoord demo` prints: the intro, the live table with its legend,
-//! a line as each phase ends, and the closing comparison of the phases.
+//! What `dpcoord demo` prints as it goes: the intro, each phase's heading
+//! and live table with its legend (`demo_summary`: the phases' end lines
+//! and the closing comparison).
 
 use std::fmt::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::record::{std_dev, Live, Recorder};
-use super::report::{ms, thousands};
+use super::record::{std_dev, Live};
+use super::report::thousands;
 use super::stale::StaleRule;
 use crate::wire::StateView;
 
@@ -52,15 +53,21 @@ impl Phase {
         }
     }
 
-    /// What the phase does, above its live table.
-    pub fn heading(self, policy: &str) -> String {
+    /// What the phase does, above its live table, with `frontends` frontends.
+    pub fn heading(self, policy: &str, frontends: u32) -> String {
         match self {
             Phase::Snapshot => format!(
                 "phase 1/3, stale snapshot: each frontend sends every request to the least loaded rank in\n\
                  the engines' counts it got last (every {SNAPSHOT_MS} ms), as DP controllers on load reports do"
             ),
-            Phase::Guess => "phase 2/3, vLLM's rule: the same, but each frontend also counts its own picks since the\n\
-                 snapshot (twice: a guess at the other frontend's) and rotates its ties"
+            Phase::Guess => format!(
+                "phase 2/3, vLLM's rule (vLLM 0.33's API servers): each frontend takes the rank with the least\n\
+                 max(waiting + running in its snapshot, {frontends} x its own unfinished requests there) and\n\
+                 counts its pick {frontends} times until the next snapshot; it knows nothing of prefixes"
+            ),
+            Phase::Dpcoord if policy == "cache_aware" => "phase 3/3, through dpcoord (cache_aware): each frontend \
+                 asks dpcoord, which counts every\nplacement (pending: not yet in the engine's stats) and, from \
+                 the engines' KV events, sends\neach request where its prefix is cached"
                 .to_owned(),
             Phase::Dpcoord => format!(
                 "phase 3/3, through dpcoord ({policy}): each frontend asks dpcoord, which counts every\n\
@@ -70,15 +77,26 @@ impl Phase {
     }
 }
 
+/// What every phase sends: shared-prefix prompts (`prompts::Workload::Shared`).
+pub const TENANTS: u32 = 48;
+pub const PREFIX_TOKENS: u32 = 3072;
+pub const QUESTION_TOKENS: u32 = 640;
+pub const OUTPUT_TOKENS: u32 = 32;
+/// Each rank's prefix cache, in blocks of 16 tokens.
+pub const CACHE_BLOCKS: usize = 4096;
+
 /// What the demo runs, printed once at the start.
 pub fn intro(metrics: SocketAddr, seconds: u64, frontends: u32) -> String {
     format!(
         "dpcoord demo: {RANKS} simulated engines, {frontends} frontends keeping {CONCURRENCY} requests in flight \
          (each takes\n\
          a {}-{} ms hop to its engine) and a prober on the health channel; three phases of {seconds} s\n\
-         each. In phases 1 and 2 the frontends choose the rank and tell dpcoord (a pin); the table\n\
-         is dpcoord's view. metrics: http://{metrics}/metrics (also /state, /healthz, /readyz).\n\
-         Ctrl-C stops early.\n",
+         each. Requests come from {TENANTS} tenants, each a {PREFIX_TOKENS}-token system prompt shared by its\n\
+         requests, then a {QUESTION_TOKENS}-token question; each engine has a prefix cache ({CACHE_BLOCKS} \
+         blocks of 16\n\
+         tokens) and skips the cached part of a prompt. In phases 1 and 2 the frontends choose the\n\
+         rank and tell dpcoord (a pin); the table is dpcoord's view. Ctrl-C stops early.\n\
+         metrics: http://{metrics}/metrics (also /state, /healthz, /readyz)\n",
         HOP_MS.0, HOP_MS.1
     )
 }
@@ -130,136 +148,4 @@ pub fn render(heading: &str, view: &StateView, live: &Live, elapsed: Duration, t
     );
     out.push_str(LEGEND);
     out
-}
-
-/// One phase's numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub phase: Phase,
-    pub secs: f64,
-    pub placements: Vec<u64>,
-    pub completed: u64,
-    pub in_flight: u64,
-    pub input_tps: f64,
-    pub ttft_p99: u64,
-    /// Requests the busiest rank held, and every rank on average, over the samples.
-    pub busiest: f64,
-    pub mean_held: f64,
-    pub probes: Vec<u64>,
-}
-
-impl Outcome {
-    pub fn of(phase: Phase, rec: &Recorder, secs: f64) -> Outcome {
-        let result = rec.summarize(phase.label(), "", 0);
-        let n = rec.samples.len().max(1) as f64;
-        let busiest = rec.samples.iter().map(|s| s.held.iter().copied().max().unwrap_or(0) as f64).sum::<f64>() / n;
-        let held = rec.samples.iter().map(|s| s.held.iter().sum::<u64>() as f64).sum::<f64>();
-        Outcome {
-            phase,
-            secs,
-            placements: rec.placements.clone(),
-            completed: result.completed,
-            in_flight: result.lost,
-            input_tps: if secs > 0.0 { result.input_tokens as f64 / secs } else { 0.0 },
-            ttft_p99: result.ttft_p99,
-            busiest,
-            mean_held: held / n / rec.placements.len().max(1) as f64,
-            probes: rec.probes.clone(),
-        }
-    }
-
-    /// The line printed as the phase ends.
-    pub fn ended(&self) -> String {
-        format!(
-            "{} ended after {:.1} s: {} requests completed, {} in flight at the end\n",
-            self.phase.label(),
-            self.secs,
-            self.completed,
-            self.in_flight
-        )
-    }
-}
-
-/// The closing comparison of the phases run.
-pub fn summary(outcomes: &[Outcome], metrics: SocketAddr, frontends: u32) -> String {
-    let mut out = format!(
-        "summary ({RANKS} simulated ranks, {frontends} frontends, {CONCURRENCY} requests in flight):\n\
-         {:<16} {:<32} {:>5} {:>7} {:>5} {:>11} {:>8}\n",
-        "", "user placements per rank", "std", "busiest", "mean", "input tok/s", "ttft p99"
-    );
-    for o in outcomes {
-        let per_rank: Vec<String> = o.placements.iter().map(|p| format!("{p:>3}")).collect();
-        let _ = writeln!(
-            out,
-            "{:<16} {:<32} {:>5.1} {:>7.1} {:>5.1} {:>11} {:>5} ms",
-            o.phase.label(),
-            per_rank.join(" "),
-            std_dev(&o.placements),
-            o.busiest,
-            o.mean_held,
-            thousands(o.input_tps.round() as u64),
-            ms(o.ttft_p99)
-        );
-    }
-    out.push_str(
-        "busiest: requests (waiting or running) on the busiest rank, mean: per rank, sampled every\n\
-         100 ms. On a stale snapshot every frontend piles onto the same ranks until the next one;\n\
-         vLLM's rule guesses the other frontends' picks; dpcoord counts them.\n",
-    );
-    let probes: Vec<u64> = outcomes.iter().flat_map(|o| o.probes.iter().copied()).collect();
-    let per_rank: Vec<u64> =
-        (0..RANKS as usize).map(|r| outcomes.iter().map(|o| o.probes.get(r).copied().unwrap_or(0)).sum()).collect();
-    let per_rank: Vec<String> = per_rank.iter().map(u64::to_string).collect();
-    let _ = write!(
-        out,
-        "health probes: {} on the health channel, per rank {};\n\
-         \x20 they took no user placement\n\
-         metrics were served at http://{metrics}/metrics (also /state, /healthz, /readyz)\n",
-        probes.iter().sum::<u64>(),
-        per_rank.join(" ")
-    );
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim::record::Request;
-
-    #[test]
-    fn summary_compares_the_phases() {
-        let mut rec = Recorder::new(RANKS);
-        let req = |done| Request {
-            frontend: 0,
-            prompt: 1000,
-            output: 1,
-            issued: 0,
-            first_token: done,
-            done,
-            attempts: 1,
-            ..Request::default()
-        };
-        rec.requests = vec![req(Some(5_000)), req(Some(9_000)), req(None)];
-        rec.placements = vec![1, 1, 1, 0, 0, 0, 0, 0];
-        rec.probes = vec![2, 1, 1, 1, 1, 1, 1, 1];
-        rec.sample(0, vec![0; 8], vec![0; 8]);
-        rec.sample(100_000, vec![2, 1, 1, 0, 0, 0, 0, 0], vec![0; 8]);
-        let alone = Outcome::of(Phase::Snapshot, &rec, 4.0);
-        assert_eq!((alone.completed, alone.in_flight, alone.busiest, alone.mean_held), (2, 1, 1.0, 0.25));
-        assert_eq!(alone.ended(), "stale snapshot ended after 4.0 s: 2 requests completed, 1 in flight at the end\n");
-        let addr = SocketAddr::from(([127, 0, 0, 1], 9570));
-        let text = summary(&[alone.clone(), Outcome { phase: Phase::Dpcoord, ..alone }], addr, 2);
-        let want = "summary (8 simulated ranks, 2 frontends, 32 requests in flight):\n\
-            \x20                user placements per rank           std busiest  mean input tok/s ttft p99\n\
-            stale snapshot     1   1   1   0   0   0   0   0    0.5     1.0   0.2         500   9.0 ms\n\
-            through dpcoord    1   1   1   0   0   0   0   0    0.5     1.0   0.2         500   9.0 ms\n";
-        assert!(text.starts_with(want), "{text}");
-        assert!(
-            text.contains("health probes: 18 on the health channel, per rank 4 2 2 2 2 2 2 2;\n  they took"),
-            "{text}"
-        );
-        assert!(
-            text.ends_with("metrics were served at http://127.0.0.1:9570/metrics (also /state, /healthz, /readyz)\n")
-        );
-    }
 }

@@ -30,6 +30,7 @@
 
 pub mod cluster;
 pub mod demo;
+pub mod demo_summary;
 pub mod demo_view;
 pub mod elastic;
 pub mod kv_pub;
