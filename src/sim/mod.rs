@@ -27,6 +27,10 @@
 //!   no-sharing workloads with token ids, the oracle arm, the `cache_aware` sweep
 //! - `vllm_dp`: vLLM's own DP balancing (`stale`) against the same API
 //!   servers asking dpcoord, on shared prefixes
+//! - `stale`: frontends placing requests themselves (a stale snapshot, or
+//!   vLLM 0.33's rule)
+//! - `demo`, `demo_view`, `demo_summary`: `dpcoord demo`, its live view,
+//!   and its closing comparison and verdict
 
 pub mod cluster;
 pub mod demo;
