@@ -31,7 +31,6 @@ import msgpack
 import zmq
 
 from . import _core
-from .errors import DpcoordError
 
 #: timeouts in a row after which the link answers at once until dpcoord answers a ping
 DOWN_AFTER = 3
@@ -39,6 +38,8 @@ DOWN_AFTER = 3
 PROBE_EVERY_S = 0.1
 #: queries queued towards a connected but silent dpcoord before sends fail (``unreachable``)
 SEND_HWM = 1000
+# Plain ints: pyzmq's flag enums cost a microsecond per ``&`` on this path.
+_EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
 
 
 class RouteLink:
@@ -56,7 +57,11 @@ class RouteLink:
         except zmq.ZMQError:
             self.sock.close(0)
             raise
-        self.waiting: dict[Any, tuple[asyncio.Future, asyncio.TimerHandle]] = {}
+        #: query id -> (future, deadline on the loop's clock), in the order sent: the
+        #: first has the earliest deadline (one timeout for all)
+        self.waiting: dict[int, tuple[asyncio.Future, float]] = {}
+        #: one timer for all queries, due at the first one's deadline
+        self.timer: asyncio.TimerHandle | None = None
         self.ids = itertools.count(1)
         self.timeouts = 0
         self.probe_id: int | None = None
@@ -69,6 +74,11 @@ class RouteLink:
     @property
     def down(self) -> bool:
         return self.timeouts >= DOWN_AFTER
+
+    def unreachable(self) -> bool:
+        """Whether a query now would be answered ``unreachable`` (no connection to dpcoord,
+        once the first one was waited for): a caller can skip building it."""
+        return self.connected and not self.sock.getsockopt(_EVENTS) & _POLLOUT
 
     async def route(self, query: dict[str, Any]) -> tuple[int | None, str | None]:
         """``(rank, None)``, or ``(None, reason)``; ``query`` is a route query without ``id``."""
@@ -90,24 +100,34 @@ class RouteLink:
                 return None, "unreachable"
         self.connected = True
         future = self.loop.create_future()
-        timer = self.loop.call_later(self.timeout_s, self._expire, qid)
-        self.waiting[qid] = (future, timer)
+        self.waiting[qid] = (future, self.loop.time() + self.timeout_s)
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.waiting[qid][1], self._expire)
         self._drain()  # a send may have taken the descriptor's edge for a reply already here
         return await future
 
     def _send(self, payload: bytes) -> bool:
         try:
-            self.sock.send_multipart((b"", payload), zmq.NOBLOCK)
+            self.sock.send_multipart((b"", payload), _NOBLOCK)
             return True
         except zmq.ZMQError:  # EAGAIN: no connection (ZMQ_IMMEDIATE) or the send queue is full
             return False
 
-    def _expire(self, qid: int) -> None:
+    def _expire(self) -> None:
+        """The timer: answers ``timeout`` to every query past its deadline, then waits
+        for the next deadline."""
+        self.timer = None
         self._drain()  # a reply that arrived as the timer fired still counts
-        entry = self.waiting.pop(qid, None)
-        if entry is not None:
+        now = self.loop.time()
+        while self.waiting:
+            qid, (future, deadline) = next(iter(self.waiting.items()))
+            if deadline > now:
+                self.timer = self.loop.call_at(deadline, self._expire)
+                break
+            del self.waiting[qid]
             self.timeouts += 1
-            entry[0].set_result((None, "timeout"))
+            if not future.done():
+                future.set_result((None, "timeout"))
 
     def _probe(self) -> None:
         now = time.monotonic()
@@ -116,15 +136,15 @@ class RouteLink:
         self.probe_at = now
         self.probe_id = next(self.ids)
         try:
-            self.sock.send_multipart((b"", _core.encode({"v": _core.VERSION, "op": "ping", "id": self.probe_id})), zmq.NOBLOCK)
+            self.sock.send_multipart((b"", _core.encode({"v": _core.VERSION, "op": "ping", "id": self.probe_id})), _NOBLOCK)
         except zmq.ZMQError:
             pass
 
     def _drain(self) -> None:
         """Reads every reply that is there; called by the loop when the descriptor fires."""
         try:
-            while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            while self.sock.getsockopt(_EVENTS) & _POLLIN:
+                frames = self.sock.recv_multipart(_NOBLOCK)
                 self._answer(frames[-1])
         except zmq.ZMQError:  # closed, or nothing after all
             pass
@@ -132,20 +152,19 @@ class RouteLink:
     def _answer(self, raw: bytes) -> None:
         try:
             reply = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            qid = reply.get("id") if isinstance(reply, dict) else None
         except Exception:  # noqa: BLE001 - an undecodable reply answers no query
             return
+        qid = reply.get("id") if isinstance(reply, dict) else None
         if qid is not None and qid == self.probe_id:
             self.timeouts, self.probe_id = 0, None
             return
         entry = self.waiting.pop(qid, None) if isinstance(qid, int) else None
         if entry is None:
             return  # the answer to a query that already timed out, or to none
-        future, timer = entry
-        timer.cancel()
+        future = entry[0]
         self.timeouts = 0
         if not future.done():
-            future.set_result(outcome(raw))
+            future.set_result(outcome(reply))
 
     def close(self) -> None:
         if self.sock.closed:
@@ -155,16 +174,24 @@ class RouteLink:
         except (RuntimeError, ValueError, zmq.ZMQError):  # the loop is closed already
             pass
         self.sock.close(0)
-        for future, timer in self.waiting.values():
-            timer.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+        for future, _ in self.waiting.values():
             if not future.done():
                 future.set_result((None, "unreachable"))
         self.waiting.clear()
 
 
-def outcome(raw: bytes) -> tuple[int | None, str | None]:
-    """A route reply's rank, or why there is none (``refused``, ``bad_reply``)."""
-    try:
-        return _core.ranks_of(_core.decode(raw), 1)[0], None
-    except DpcoordError as e:
-        return None, "bad_reply" if e.code == "protocol" else "refused"
+def outcome(reply: dict[str, Any]) -> tuple[int | None, str | None]:
+    """A decoded route reply's rank, or why there is none: ``refused`` (dpcoord's
+    error reply: no routable rank, ...) or ``bad_reply`` (anything else)."""
+    if reply.get("v") != _core.VERSION:
+        return None, "bad_reply"
+    if reply.get("ok") is False:
+        return None, "refused"
+    ranks = reply.get("ranks")
+    if reply.get("ok") is True and isinstance(ranks, list) and len(ranks) == 1:
+        rank = ranks[0]
+        if type(rank) is int and rank >= 0:
+            return rank, None
+    return None, "bad_reply"

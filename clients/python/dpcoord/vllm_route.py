@@ -197,7 +197,7 @@ def install(settings: RouteSettings) -> "Hook | None":
         log.warning("dpcoord: not installed in vLLM's request path: %s; vLLM runs as without dpcoord", why)
         return None
     HOOK = Hook(settings, core_client.get_late_interaction_engine_index)
-    HOOK.wrap(lb, out, methods)
+    _wrap(lb, out, methods)
     TALLY.active = True
     if settings.endpoint:
         log.info("dpcoord: vLLM's API server asks %s for each request's engine", settings.endpoint)
@@ -221,63 +221,8 @@ class Hook:
         self.aborted_in_route: set[str] = set()
         self.logged_at = 0.0
         self.unlogged: Counter[str] = Counter()
-        self.metric = _metric()
-
-    def wrap(self, lb: type, out: type, methods: dict[str, Any]) -> None:
-        add = methods["DPAsyncMPClient.add_request_async"]
-        pick = methods["DPLBAsyncMPClient.get_core_engine_for_request"]
-        abort = methods["OutputProcessor.abort_requests"]
-        process = methods["OutputProcessor.process_outputs"]
-        hook = self
-
-        async def add_request_async(client, request):
-            rank = await hook.ask(client, request) if hook.settings.endpoint else None
-            if rank == _SKIP:
-                return
-            if rank is not None:
-                hook.chosen[request.request_id] = rank
-            try:
-                await add(client, request)
-            finally:
-                hook.chosen.pop(request.request_id, None)
-
-        def get_core_engine_for_request(client, request):
-            rank = hook.chosen.pop(request.request_id, None)
-            new = request.request_id not in client.reqs_in_flight
-            if rank is None:
-                engine = pick(client, request)
-            else:
-                pinned, request.data_parallel_rank = request.data_parallel_rank, rank
-                try:
-                    engine = pick(client, request)
-                finally:
-                    request.data_parallel_rank = pinned
-            if new and not getattr(request, "abort_immediately", False):
-                sent = client.core_engines.index(engine)
-                hook.placed[request.request_id] = sent
-                TALLY.sent(sent)
-            return engine
-
-        def abort_requests(processor, request_ids, internal):
-            aborted = abort(processor, request_ids, internal)
-            for rid in aborted:
-                if rid in hook.routing:
-                    hook.aborted_in_route.add(rid)
-                elif (rank := hook.placed.pop(rid, None)) is not None:
-                    TALLY.aborted(rank)
-            return aborted
-
-        def process_outputs(processor, engine_core_outputs, *args, **kwargs):
-            result = process(processor, engine_core_outputs, *args, **kwargs)
-            for output in engine_core_outputs:
-                if output.request_id not in processor.request_states:
-                    hook.placed.pop(output.request_id, None)
-            return result
-
-        lb.add_request_async = add_request_async
-        lb.get_core_engine_for_request = get_core_engine_for_request
-        out.abort_requests = abort_requests
-        out.process_outputs = process_outputs
+        metric = _metric()
+        self.metric = None if metric is None else {o: metric.labels(outcome=o) for o in OUTCOMES}
 
     def eligible(self, client: Any, request: Any) -> bool:
         """Whether vLLM leaves the choice open: no pin, no session, no pooling rule."""
@@ -295,7 +240,7 @@ class Hook:
             self.count("pinned")
             return None
         link = self.link()
-        if link is None:
+        if link is None or link.unreachable():
             self.count("unreachable")
             return None
         rid = request.request_id
@@ -348,7 +293,7 @@ class Hook:
     def count(self, outcome: str) -> None:
         self.counts[outcome] += 1
         if self.metric is not None:
-            self.metric.labels(outcome=outcome).inc()
+            self.metric[outcome].inc()
         if outcome in ("dpcoord", "pinned"):
             return
         self.unlogged[outcome] += 1
@@ -358,6 +303,71 @@ class Hook:
             what = ", ".join(f"{n} {k}" for k, n in sorted(self.unlogged.items()))
             self.unlogged.clear()
             log.warning("dpcoord: requests placed by vLLM's own rule since the last report: %s (%s)", what, self.settings.endpoint)
+
+
+def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
+    """Puts the hook around vLLM's methods; each call goes to the process's
+    :data:`HOOK` (straight to vLLM's method while there is none)."""
+    add = methods["DPAsyncMPClient.add_request_async"]
+    pick = methods["DPLBAsyncMPClient.get_core_engine_for_request"]
+    abort = methods["OutputProcessor.abort_requests"]
+    process = methods["OutputProcessor.process_outputs"]
+
+    async def add_request_async(client, request):
+        hook = HOOK
+        rank = await hook.ask(client, request) if hook is not None and hook.settings.endpoint else None
+        if rank == _SKIP:
+            return
+        if rank is not None:
+            hook.chosen[request.request_id] = rank
+        try:
+            await add(client, request)
+        finally:
+            if rank is not None:
+                hook.chosen.pop(request.request_id, None)
+
+    def get_core_engine_for_request(client, request):
+        hook = HOOK
+        if hook is None:
+            return pick(client, request)
+        rank = hook.chosen.pop(request.request_id, None)
+        new = request.request_id not in client.reqs_in_flight
+        if rank is None:
+            engine = pick(client, request)
+        else:
+            pinned, request.data_parallel_rank = request.data_parallel_rank, rank
+            try:
+                engine = pick(client, request)
+            finally:
+                request.data_parallel_rank = pinned
+        if new and not getattr(request, "abort_immediately", False):
+            sent = client.core_engines.index(engine)
+            hook.placed[request.request_id] = sent
+            TALLY.sent(sent)
+        return engine
+
+    def abort_requests(processor, request_ids, internal):
+        aborted = abort(processor, request_ids, internal)
+        hook = HOOK
+        for rid in aborted if hook is not None else ():
+            if rid in hook.routing:
+                hook.aborted_in_route.add(rid)
+            elif (rank := hook.placed.pop(rid, None)) is not None:
+                TALLY.aborted(rank)
+        return aborted
+
+    def process_outputs(processor, engine_core_outputs, *args, **kwargs):
+        result = process(processor, engine_core_outputs, *args, **kwargs)
+        hook = HOOK
+        for output in engine_core_outputs if hook is not None else ():
+            if output.request_id not in processor.request_states:
+                hook.placed.pop(output.request_id, None)
+        return result
+
+    lb.add_request_async = add_request_async
+    lb.get_core_engine_for_request = get_core_engine_for_request
+    out.abort_requests = abort_requests
+    out.process_outputs = process_outputs
 
 
 #: :meth:`Hook.ask`'s answer for a request aborted while dpcoord answered: vLLM has

@@ -343,7 +343,8 @@ class ApiServers:
 
 
 def test_two_api_servers_spread_a_burst_exactly(start_daemon, engines, real):
-    d = start_daemon("--dp-size", "8", "--policy", "least_load")
+    # Placements stay pending until the state is read (the engines never acknowledge them).
+    d = start_daemon("--dp-size", "8", "--policy", "least_load", "--pending-ttl-ms", "60000")
     bring_up(d, engines, list(range(8)))  # equally loaded ranks whose counts do not move
     servers = ApiServers(2, 8, 32, {"DPCOORD_ROUTE_ENDPOINT": d.route, "DPCOORD_ROUTE_TIMEOUT_MS": "2000"})
     try:
@@ -378,3 +379,15 @@ def test_pending_settles_to_zero_when_the_books_agree(start_daemon, real, tmp_pa
         assert sum(placed.values()) == 64
     finally:
         servers.close()
+
+
+def test_the_added_latency_bench_runs(dpcoord_bin, real):
+    """benches/route_hook.py at a tiny size, so it cannot rot (its numbers are docs/benchmarks.md's)."""
+    out = subprocess.run(
+        [sys.executable, str(HERE.parents[3] / "benches/route_hook.py"), dpcoord_bin, "--requests", "80", "--rounds", "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    rows = [line.split()[0:3] for line in out.splitlines()[2:7]]
+    assert [r[0] for r in rows] == ["vLLM's", "dpcoord", "dpcoord", "dpcoord", "dpcoord"], out
+    assert "dpcoord down: outcomes {'unreachable': 80}" in out, out
+    assert [line.split()[0:2] for line in out.splitlines()[-3:]] == [["bare", "pyzmq"], ["bare", "zmq.asyncio"], ["RouteLink", "(the"]], out
