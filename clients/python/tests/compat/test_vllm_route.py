@@ -183,6 +183,43 @@ def test_vllms_own_pins_are_kept_and_never_asked(real, hook, start_daemon, engin
     assert h.counts == Counter(pinned=3, dpcoord=1)
 
 
+def test_late_interaction_requests_keep_vllms_engine(real, hook, start_daemon, engines):
+    import importlib
+
+    late = importlib.import_module("vllm.v1.pool.late_interaction")
+    pooling = importlib.import_module("vllm.pooling_params")
+    d = start_daemon("--dp-size", "4", "--policy", "least_load")
+    bring_up(d, engines, [0, 1, 2, 3])
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
+    client = client_for(real, 4)
+    r = request(real)
+    r.pooling_params = pooling.PoolingParams(late_interaction_params=late.build_late_interaction_query_params("q7", 2))
+    # vLLM keeps one query key's requests on one engine (its worker caches the query there).
+    assert add(real, client, r) == [late.get_late_interaction_engine_index(r.pooling_params, 4)]
+    assert h.counts == Counter(pinned=1) and sum(x["routed"] for x in d.state()["ranks"]) == 0
+
+
+def test_a_bad_endpoint_leaves_vllm_running_on_its_rule(real, hook, caplog):
+    client = client_for(real, 4)
+    with caplog.at_level(logging.ERROR, logger="dpcoord.vllm"):
+        h = hook(DPCOORD_ROUTE_ENDPOINT="not-an-endpoint")
+        assert add(real, client, *(request(real) for _ in range(4))) == [0, 1, 2, 3]
+    assert h.counts == Counter(unreachable=4)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["dpcoord: cannot connect to not-an-endpoint"]
+
+
+def test_a_bad_setting_keeps_the_books_and_asks_nothing(real, hook, caplog):
+    client = client_for(real, 4)
+    with caplog.at_level(logging.ERROR, logger="dpcoord.vllm"):
+        h = hook(DPCOORD_ROUTE_ENDPOINT="tcp://127.0.0.1:5570", DPCOORD_ROUTE_TIMEOUT_MS="0")
+    assert [r.getMessage() for r in caplog.records] == [
+        "dpcoord: DPCOORD_ROUTE_TIMEOUT_MS must be a positive number of milliseconds, got 0;"
+        " vLLM balances its engines by itself"
+    ]
+    assert h.settings.endpoint is None  # the books are kept; nothing is asked
+    assert add(real, client, request(real)) == [0] and h.counts == Counter()
+
+
 def test_a_rank_beyond_vllms_engines_goes_by_vllms_rule(real, hook, start_daemon, engines):
     d = start_daemon("--dp-size", "8", "--policy", "least_load")
     e = bring_up(d, engines, list(range(8)))
