@@ -70,7 +70,7 @@ class RouterClient(ClientBase):
     ) -> list[int]:
         """The ranks for ``n`` requests, in placement order.
 
-        ``rank`` pins (vLLM/SGLang ``data_parallel_rank``), ``bootstrap_room`` places
+        ``rank`` pins (vLLM's ``data_parallel_rank``, SGLang's ``routed_dp_rank``), ``bootstrap_room`` places
         on ``bootstrap_room % dp_size`` (PD disaggregation), ``session`` keeps
         affinity. In fallback a pin or room still goes to its rank, and a session
         maps to a fixed rank of the fallback pool.

@@ -38,6 +38,8 @@ DOWN_AFTER = 3
 PROBE_EVERY_S = 0.1
 #: queries queued towards a connected but silent dpcoord before sends fail (``unreachable``)
 SEND_HWM = 1000
+#: a string ``id`` longer than this (in UTF-8) is replaced: dpcoord refuses it
+MAX_ID_BYTES = 128
 # Plain ints: pyzmq's flag enums cost a microsecond per ``&`` on this path.
 _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
 
@@ -81,12 +83,15 @@ class RouteLink:
         return self.connected and not self.sock.getsockopt(_EVENTS) & _POLLOUT
 
     async def route(self, query: dict[str, Any]) -> tuple[int | None, str | None]:
-        """``(rank, None)``, or ``(None, reason)``; ``query`` is a route query without ``id``."""
+        """``(rank, None)``, or ``(None, reason)``. ``query`` is a route query; its ``id``
+        is kept if it is a string of at most ``MAX_ID_BYTES`` bytes not already
+        waiting for an answer (a request's own id), else replaced by a number."""
         if self.down:
             self._probe()
             return None, "timeout"
-        qid = next(self.ids)
-        query["id"] = qid
+        qid = query.get("id")
+        if not (isinstance(qid, str) and len(qid.encode()) <= MAX_ID_BYTES) or qid in self.waiting:
+            qid = query["id"] = next(self.ids)
         payload = _core.encode(query)
         if not self._send(payload):
             if self.connected:
@@ -158,7 +163,7 @@ class RouteLink:
         if qid is not None and qid == self.probe_id:
             self.timeouts, self.probe_id = 0, None
             return
-        entry = self.waiting.pop(qid, None) if isinstance(qid, int) else None
+        entry = self.waiting.pop(qid, None) if isinstance(qid, (int, str)) else None
         if entry is None:
             return  # the answer to a query that already timed out, or to none
         future = entry[0]

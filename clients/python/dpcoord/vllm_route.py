@@ -73,6 +73,8 @@ TESTED: dict[str, dict[str, str]] = {
 #: every outcome a request can have, as counted
 OUTCOMES = ("dpcoord", "pinned", "unreachable", "timeout", "refused", "bad_reply", "out_of_range", "error")
 SENDS = ("keys", "tokens", "length")
+#: dpcoord's default ``limits.max_prompt_tokens``: longer prompts are sent by length only
+MAX_PROMPT_TOKENS = 262_144
 
 
 @dataclass(frozen=True)
@@ -262,10 +264,12 @@ class Hook:
 
     def query(self, client: Any, request: Any) -> dict[str, Any]:
         tokens = request.prompt_token_ids
-        query: dict[str, Any] = {"v": _core.VERSION, "op": "route"}
+        query: dict[str, Any] = {"v": _core.VERSION, "op": "route", "id": request.request_id}
         if tokens is None:
             return query
         query["prompt_tokens"] = len(tokens)
+        if len(tokens) > MAX_PROMPT_TOKENS:
+            return query  # beyond dpcoord's default limit: the length alone
         lora = request.lora_request.lora_name if request.lora_request is not None else None
         salt = request.cache_salt
         if self.settings.send == "keys":

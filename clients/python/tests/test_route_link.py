@@ -165,3 +165,30 @@ def test_a_silent_dpcoord_stops_being_waited_for_until_it_answers_a_ping(tmp_pat
         assert answer == (1, None)
     finally:
         fake.close()
+
+
+def test_a_request_id_is_the_query_id_when_dpcoord_can_take_it(tmp_path):
+    seen = []
+
+    def answer(q):
+        seen.append(q["id"])
+        return ok(q, ranks=[0])
+
+    fake = FakeRoute(f"ipc://{tmp_path}/route", answer)
+    try:
+
+        async def main():
+            link = RouteLink(fake.sock.getsockopt_string(zmq.LAST_ENDPOINT), timeout_s=DEADLINE)
+            try:
+                first = await link.route(dict(ROUTE, id="cmpl-7-a1"))
+                both = await asyncio.gather(link.route(dict(ROUTE, id="same")), link.route(dict(ROUTE, id="same")))
+                long = await link.route(dict(ROUTE, id="é" * 65))  # 130 bytes: above dpcoord's 128
+                return [first, *both, long]
+            finally:
+                link.close()
+
+        assert run(main()) == [(0, None)] * 4
+        # Two queries in flight with one id: the second is numbered, so each answer finds its query.
+        assert seen[:2] == ["cmpl-7-a1", "same"] and [type(i) for i in seen[2:]] == [int, int]
+    finally:
+        fake.close()
