@@ -1,0 +1,138 @@
+"""The route hook's books in vLLM 0.33.0's request path: client aborts from vLLM's
+own signal, several API-server processes sharing one dpcoord, and the bench that
+measures what the hook adds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from types import SimpleNamespace
+
+from conftest import DEADLINE, bring_up, eventually
+from hook_fixtures import HERE, client_for, hook, request, vllm_modules  # noqa: F401 - fixtures
+
+# -- aborts, from vLLM's own signal ------------------------------------------------------
+
+
+def test_an_abort_then_an_arrival_in_the_next_step_are_both_counted(real, hook, start_daemon, tmp_path, monkeypatch):
+    import vllm_engine
+
+    d = start_daemon("--dp-size", "2")
+    hook(DPCOORD_STATS_ENDPOINT=d.stats)
+    loggers_mod, stats = real["vllm.v1.metrics.loggers"], real["vllm.v1.metrics.stats"]
+    monkeypatch.setenv("DPCOORD_STATE_DIR", str(tmp_path / "ledgers"))
+    monkeypatch.setenv("DPCOORD_GROUP", uuid.uuid4().hex)
+    config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=1))
+    [factory] = loggers_mod.load_stat_logger_plugin_factories()
+    server = loggers_mod.PerEngineStatLoggerAdapter(config, [0, 1], per_engine_stat_logger_factory=factory)
+    llm = vllm_engine.make_async_llm(real, client_for(real, 2))
+    stop = real["vllm.v1.engine"].FinishReason.STOP
+
+    def step(waiting=0, running=0, finished=()):
+        it = None
+        if finished:
+            it = stats.IterationStats()
+            it.finished_requests = [stats.FinishedRequestStats(finish_reason=r) for r in finished]
+        server.record(stats.SchedulerStats(num_waiting_reqs=waiting, num_running_reqs=running), it, engine_idx=1)
+
+    async def run():
+        await vllm_engine.add_request(real, llm, request(real, "a", data_parallel_rank=1))
+        step(running=1)
+        await llm.abort("a")  # the client went away: vLLM's own abort signal
+        await vllm_engine.add_request(real, llm, request(real, "b", data_parallel_rank=1))
+        step(running=1)  # one step later: b runs where a ran; the gauges never showed a leave
+        await llm.abort("a")  # aborted twice: counted once
+        await llm.abort("b")
+        await vllm_engine.add_request(real, llm, request(real, "c", data_parallel_rank=1))
+
+    asyncio.run(run())
+    step(running=1)
+    eventually("a and b aborted, c running", lambda: d.state()["ranks"][1]["counts"] == [0, 1, 3, 0, 2])
+    step(finished=(stop,))
+    eventually("c finished", lambda: d.state()["ranks"][1]["counts"] == [0, 0, 3, 1, 2])
+    for lg in server.per_engine_stat_loggers.values():
+        lg.close()
+
+
+# -- several API servers ------------------------------------------------------------------
+
+
+class ApiServers:
+    """``n`` API-server processes (api_server.py), each with ``requests`` requests."""
+
+    def __init__(self, n: int, dp: int, requests: int, env: dict[str, str]):
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, str(HERE / "api_server.py"), str(n), str(i), str(dp), str(requests)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env},
+            )
+            for i in range(n)
+        ]
+
+    def ask(self, command: str, servers=None) -> list[dict]:
+        procs = self.procs if servers is None else [self.procs[i] for i in servers]
+        for p in procs:
+            p.stdin.write(command + "\n")
+            p.stdin.flush()
+        return [json.loads(p.stdout.readline()) for p in procs]
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(DEADLINE)
+
+
+def test_two_api_servers_spread_a_burst_exactly(start_daemon, engines, real):
+    # Placements stay pending until the state is read (the engines never acknowledge them).
+    d = start_daemon("--dp-size", "8", "--policy", "least_load", "--pending-ttl-ms", "60000")
+    bring_up(d, engines, list(range(8)))  # equally loaded ranks whose counts do not move
+    servers = ApiServers(2, 8, 32, {"DPCOORD_ROUTE_ENDPOINT": d.route, "DPCOORD_ROUTE_TIMEOUT_MS": "2000"})
+    try:
+        a, b = servers.ask("go")
+    finally:
+        servers.close()
+    placed = Counter(a["ranks"] + b["ranks"])
+    assert [placed[r] for r in range(8)] == [8] * 8  # each saw the other's placements
+    assert [(r["routed"], r["pending"]) for r in d.state()["ranks"]] == [(8, 8)] * 8
+
+
+def test_pending_settles_to_zero_when_the_books_agree(start_daemon, real, tmp_path):
+    d = start_daemon("--dp-size", "8", "--policy", "least_load")
+    env = {
+        "DPCOORD_ROUTE_ENDPOINT": d.route, "DPCOORD_ROUTE_TIMEOUT_MS": "2000", "DPCOORD_STATS_ENDPOINT": d.stats,
+        "DPCOORD_STATE_DIR": str(tmp_path / "ledgers"), "DPCOORD_GROUP": uuid.uuid4().hex,
+    }
+    servers = ApiServers(2, 8, 32, env)
+    try:
+        servers.ask("idle", servers=[0])
+        eventually("all 8 ranks up", lambda: d.statuses() == ["up"] * 8)
+        a, b = servers.ask("go")
+        servers.ask("finish")
+        placed = Counter(a["ranks"] + b["ranks"])
+        # Every request received and finished, as the two servers' books say; dpcoord's
+        # placements all acknowledged: nothing left pending.
+        expected = [([0, 0, placed[r], placed[r], 0], placed[r], 0) for r in range(8)]
+        eventually(
+            "the books agree",
+            lambda: [(r["counts"], r["routed"], r["pending"]) for r in d.state()["ranks"]] == expected,
+        )
+        assert sum(placed.values()) == 64
+    finally:
+        servers.close()
+
+
+def test_the_added_latency_bench_runs(dpcoord_bin, real):
+    """benches/route_hook.py at a tiny size, so it cannot rot (its numbers are docs/benchmarks.md's)."""
+    out = subprocess.run(
+        [sys.executable, str(HERE.parents[3] / "benches/route_hook.py"), dpcoord_bin, "--requests", "80", "--rounds", "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    rows = [line.split()[0:3] for line in out.splitlines()[2:7]]
+    assert [r[0] for r in rows] == ["vLLM's", "dpcoord", "dpcoord", "dpcoord", "dpcoord"], out
+    assert "dpcoord down: outcomes {'unreachable': 80}" in out, out
+    assert [line.split()[0:2] for line in out.splitlines()[-3:]] == [["bare", "pyzmq"], ["bare", "zmq.asyncio"], ["RouteLink", "(the"]], out
