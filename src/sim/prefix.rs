@@ -100,7 +100,7 @@ fn chosen_arms(a: &SimArgs) -> Vec<&'static str> {
     ARMS.into_iter().filter(|arm| a.policies.is_empty() || named(arm)).collect()
 }
 
-fn setup(a: &SimArgs) -> String {
+pub(super) fn setup(a: &SimArgs) -> String {
     format!(
         "{} ranks{}, chunk {} tokens/step/rank, prefix cache {} blocks of {BLOCK} tokens per rank (LRU), \
          closed loop at concurrency {} over {} requests, speed {}x, seed {}",

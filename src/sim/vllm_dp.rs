@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use super::prefix::{self, BLOCK};
+use super::prefix;
 use super::prefix_report as report;
 use super::prompts::Workload;
 use super::record::ArmResult;
@@ -97,17 +97,8 @@ fn verdict(arms: &[ArmResult]) -> String {
 pub fn vllm_dp(a: &SimArgs) -> Result<Outcome, SimError> {
     let a = &SimArgs { requests: Some(a.requests.unwrap_or(REQUESTS)), ..a.clone() };
     let mut text = format!(
-        "vllm-dp: vLLM 0.33's own DP balancing (vllm-rule) against the same API servers asking dpcoord\n\
-         {} ranks{}, chunk {} tokens/step/rank, prefix cache {} blocks of {BLOCK} tokens per rank (LRU), \
-         closed loop at concurrency {} over {} requests, speed {}x, seed {}; fe: API servers\n",
-        a.ranks,
-        if a.lockstep.unwrap_or(false) { " in lockstep" } else { " stepping on their own" },
-        a.chunk,
-        a.cache_blocks,
-        a.prefix_concurrency,
-        a.requests.unwrap_or(REQUESTS),
-        a.speed,
-        a.seed
+        "vllm-dp: vLLM 0.33's own DP balancing (vllm-rule) against the same API servers asking dpcoord\n{}; fe: API servers\n",
+        prefix::setup(a)
     );
     let mut all = Vec::new();
     for w in chosen(a) {
