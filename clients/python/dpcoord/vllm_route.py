@@ -186,17 +186,15 @@ class Hook:
     async def ask(self, client: Any, request: Any) -> int | None:
         """dpcoord's rank for ``request``, or None (vLLM's rule); ``_SKIP`` if vLLM
         aborted the request while dpcoord was answering."""
-        if not self.eligible(client, request):
-            self.count("pinned")
-            return None
-        link = self.link()
-        if link is None or link.unreachable():
-            self.count("unreachable")
-            return None
         rid = request.request_id
         self.routing.add(rid)
         try:
-            rank, reason = await link.route(self.query(client, request))
+            if not self.eligible(client, request):
+                rank, reason = None, "pinned"
+            elif (link := self.link()) is None or link.unreachable():
+                rank, reason = None, "unreachable"
+            else:
+                rank, reason = await link.route(self.query(client, request))
         except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
             log.exception("dpcoord: asking for request %s's engine failed", rid)
             rank, reason = None, "error"
@@ -292,7 +290,7 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
                 engine = pick(client, request)
             finally:
                 request.data_parallel_rank = pinned
-        if new and not getattr(request, "abort_immediately", False):
+        if new and not getattr(request, "abort_immediately", False) and engine in client.core_engines:
             sent = client.core_engines.index(engine)
             hook.placed[request.request_id] = sent
             TALLY.sent(sent)

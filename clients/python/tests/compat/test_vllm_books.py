@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections import Counter
 from types import SimpleNamespace
@@ -136,3 +137,38 @@ def test_the_added_latency_bench_runs(dpcoord_bin, real):
     assert [r[0] for r in rows] == ["vLLM's", "dpcoord", "dpcoord", "dpcoord", "dpcoord"], out
     assert "dpcoord down: outcomes {'unreachable': 80}" in out, out
     assert [line.split()[0:2] for line in out.splitlines()[-3:]] == [["bare", "pyzmq"], ["bare", "zmq.asyncio"], ["RouteLink", "(the"]], out
+
+
+def test_a_request_aborted_while_dpcoord_answers_is_sent_nowhere(real, hook, tmp_path):
+    import vllm_engine
+    from dpcoord.ledger import TALLY
+    from test_route_link import FakeRoute, ok
+
+    answer = threading.Event()
+    replies = []
+
+    def later(q):  # dpcoord answers only once the test says so
+        replies.append(q)
+        answer.wait(DEADLINE)
+        return ok(q, ranks=[1])
+
+    fake = FakeRoute(f"ipc://{tmp_path}/route", later)
+    try:
+        h = hook(DPCOORD_ROUTE_ENDPOINT=f"ipc://{tmp_path}/route", DPCOORD_ROUTE_TIMEOUT_MS="2000")
+        client = client_for(real, 2)
+        llm = vllm_engine.make_async_llm(real, client)
+
+        async def run():
+            adding = asyncio.ensure_future(vllm_engine.add_request(real, llm, request(real, "gone")))
+            while not replies:  # dpcoord has the query; vLLM awaits its answer
+                await asyncio.sleep(0.005)
+            await llm.abort("gone")  # the client went away meanwhile
+            answer.set()
+            await asyncio.wait_for(adding, DEADLINE)
+
+        asyncio.run(run())
+        assert client.sent == [] and client.reqs_in_flight == {}  # no engine got it
+        assert TALLY.take(0) == TALLY.take(1) == (0, 0) and h.placed == {}
+        assert h.counts == Counter()  # neither placed by dpcoord nor by vLLM's rule
+    finally:
+        fake.close()
