@@ -40,6 +40,12 @@ def hook(real, vllm_modules, monkeypatch, tmp_path):
     from dpcoord import vllm_route
     from dpcoord.ledger import TALLY
 
+    import prometheus_client
+
+    # Another compat test renders vLLM's /metrics in this process from a cleared
+    # default registry: put the hook's counter back where vLLM's /metrics reads it.
+    if vllm_route._METRIC is not None and vllm_route._METRIC not in prometheus_client.REGISTRY._collector_to_names:
+        prometheus_client.REGISTRY.register(vllm_route._METRIC)
     classes = {(m, c): getattr(vllm_modules[m], c) for m, c, _ in WRAPPED}
     saved = {(m, c, f): classes[(m, c)].__dict__.get(f) for m, c, f in WRAPPED}
 
