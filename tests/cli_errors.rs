@@ -130,13 +130,14 @@ fn an_unknown_policy_is_refused_while_parsing_with_the_list() {
     let r = run_in(dir.path(), &["sim", "--policy", "fastest", "health-matrix"]);
     let want = format!(
         "dpcoord: error: invalid value 'fastest' for '--policy <NAME>'\n  [possible values: round_robin, least_load, \
-         least_tokens, power_of_two, cache_aware, cache_aware/approx, cache_aware/events, oracle]\n\n{MORE}"
+         least_tokens, power_of_two, cache_aware, lmetric, lmetric/events, cache_aware/approx, cache_aware/events, \
+         oracle]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     let r = run_in(dir.path(), &["demo", "--policy", "fastest"]);
     let want = format!(
         "dpcoord: error: invalid value 'fastest' for '--policy <NAME>'\n  [possible values: round_robin, least_load, \
-         least_tokens, power_of_two, cache_aware]\n\n{MORE}"
+         least_tokens, power_of_two, cache_aware, lmetric]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     let r = run_in(dir.path(), &["sim", "--workload", "chatty", "prefix"]);
@@ -156,14 +157,14 @@ fn a_policy_the_scenario_does_not_run_is_refused_before_it_starts() {
     assert_refused(
         &r,
         "dpcoord: error: --policy oracle: health-matrix runs a routing.policy: round_robin, least_load, \
-         least_tokens, power_of_two, cache_aware (`oracle` is an arm of the prefix scenario only)\n",
+         least_tokens, power_of_two, cache_aware, lmetric (`oracle` is an arm of the prefix scenario only)\n",
     );
     // prefix used to run zero arms and write an empty report.
     let r = run_in(dir.path(), &["sim", "--policy", "power_of_two", "prefix"]);
     assert_refused(
         &r,
         "dpcoord: error: --policy power_of_two: prefix runs the arms round_robin, least_load, \
-         cache_aware/approx, cache_aware/events, oracle\n",
+         lmetric/events, cache_aware/approx, cache_aware/events, oracle\n",
     );
     assert!(!dir.path().join("sim-out").exists(), "nothing written");
 }

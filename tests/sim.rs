@@ -313,8 +313,14 @@ fn dead_rank_is_seen_down_after_down_after_ms_and_takes_no_placement_after() {
                    tick (routing.tick_ms 100 ms)";
     assert!(r.stdout.lines().any(|l| l == heading), "missing {heading:?} in:\n{}", r.stdout);
     // policy, shown down at, after death, placements after death, after it showed down.
-    let placed_after_death =
-        [("round_robin", "1"), ("least_load", "0"), ("least_tokens", "1"), ("power_of_two", "0"), ("cache_aware", "1")];
+    let placed_after_death = [
+        ("round_robin", "1"),
+        ("least_load", "0"),
+        ("least_tokens", "1"),
+        ("power_of_two", "0"),
+        ("cache_aware", "1"),
+        ("lmetric", "0"),
+    ];
     assert_eq!(placed_after_death.len(), PolicyKind::ALL.len());
     for (policy, after_death) in placed_after_death {
         let line: Vec<&str> = r.stdout.lines().map(cells).find(|c| c.first() == Some(&policy)).unwrap();

@@ -1,5 +1,6 @@
-//! `cache_aware` through the coordinator: the prefix term from KV events,
-//! the balance guard, approximate mode, and what it leaves alone.
+//! `cache_aware` (and `lmetric`) through the coordinator: the prefix term from
+//! KV events, the balance guard, approximate mode, the load of a rank that
+//! reports no tokens, and what it leaves alone.
 
 use std::time::{Duration, Instant};
 
@@ -9,13 +10,18 @@ use super::*;
 use crate::config::{KvEndpoint, PrefixMode};
 use crate::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium, Stored};
 use crate::engines::testing::settings;
+use crate::routing::PolicyKind;
 
 /// A prompt of 20 tokens: 5 blocks of 4.
 const PROMPT: [u32; 20] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20];
 
 fn coordinator(dp: u32, weight: f64, mode: PrefixMode) -> Coordinator {
+    coordinator_for(PolicyKind::CacheAware, dp, weight, mode)
+}
+
+fn coordinator_for(policy: PolicyKind, dp: u32, weight: f64, mode: PrefixMode) -> Coordinator {
     let mut s = settings(dp);
-    s.routing.policy = PolicyKind::CacheAware;
+    s.routing.policy = policy;
     s.routing.cache.prefill_weight = weight;
     s.routing.cache.mode = mode;
     let now = Instant::now();
@@ -148,4 +154,38 @@ fn health_queries_never_change_a_cache_aware_placement() {
             .collect::<Vec<u64>>()
     };
     assert_eq!(run(true), run(false));
+}
+
+/// Rank `rank`'s stats update number `seq` (boot 1) with `counts` and no token load.
+fn report(c: &mut Coordinator, rank: u32, seq: u64, counts: [u64; 5]) {
+    let u = rmp_serde::to_vec_named(&json!({"v": 1, "rank": rank, "boot": 1, "seq": seq, "counts": counts})).unwrap();
+    c.on_source(SourceKind::Stats, Some(&[&u[..]][..]), Instant::now());
+}
+
+#[test]
+fn on_request_counts_alone_a_deep_queue_loses_its_prefix_and_a_balanced_cluster_keeps_it() {
+    let mut c = coordinator(4, 4.0, PrefixMode::Events);
+    store(&mut c, 0, 2, 4);
+    // No rank reports a token load (as vLLM): each queued request weighs the
+    // mean prompt of recent placements (20 tokens here).
+    for rank in 0..4 {
+        report(&mut c, rank, 2, [2, 2, 0, 0, 0]);
+    }
+    // Balanced: 4 requests x 20 everywhere; rank 2 prefills 4 tokens, the others 20.
+    assert_eq!(place(&mut c, with_prompt()), 2, "80 + 4*4 + 20 pending + 1 = 117 < 80 + 4*20 + 1 = 161");
+    // Rank 2's queue deepens: 564 requests x 20 tokens outweigh what its cache saves.
+    report(&mut c, 2, 3, [500, 64, 1, 0, 0]);
+    let got: Vec<u64> = (0..3).map(|_| place(&mut c, with_prompt())).collect();
+    assert!(!got.contains(&2), "{got:?}");
+    assert_eq!(ask(&mut c, Channel::Route, json!({"v": 1, "op": "state"}))["ranks"][2]["load"], json!(564.0 * 20.0));
+}
+
+#[test]
+fn lmetric_weighs_uncached_tokens_by_the_requests_in_flight() {
+    let mut c = coordinator_for(PolicyKind::LMetric, 4, 4.0, PrefixMode::Events);
+    store(&mut c, 0, 2, 4);
+    // Rank 2 prefills 4 tokens: (4 + 1) x (in flight + 1) against (20 + 1) x 1
+    // on an idle rank; each placement is one more in flight on its rank.
+    let got: Vec<u64> = (0..6).map(|_| place(&mut c, with_prompt())).collect();
+    assert_eq!(got, vec![2, 2, 2, 2, 3, 0], "5, 10, 15, 20 < 21; then 25 > 21, ties rotating from the last pick");
 }

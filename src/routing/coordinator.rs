@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::kv::KvStreams;
-use super::policy::PolicyKind;
 use super::prefix::PrefixRouting;
 use super::published::Published;
 use super::user::UserDispatcher;
@@ -279,7 +278,7 @@ impl Coordinator {
         let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
         let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
         let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
-        if self.user.policy() != PolicyKind::CacheAware {
+        if !self.user.policy().uses_prefix() {
             return self.user.route(&req, &self.engines, None, now, out);
         }
         let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv);

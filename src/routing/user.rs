@@ -39,9 +39,16 @@ pub struct UserDispatcher {
     pending_transit: Duration,
     window: DispatchWindow,
     cache: CacheAware,
-    /// Per-request costs of a `cache_aware` pick.
+    /// Per-request costs of a prefix-aware pick.
     request_costs: Vec<f64>,
+    /// The mean prompt length of recent placements (about the last
+    /// [`PROMPT_WINDOW`]), 0 before the first: what a queued request is
+    /// worth in tokens where the engine reports no token load.
+    prompt_mean: f64,
 }
+
+/// How many placements the mean prompt length averages over.
+pub const PROMPT_WINDOW: f64 = 64.0;
 
 impl UserDispatcher {
     pub fn new(s: &Settings, now: Instant) -> Self {
@@ -62,6 +69,7 @@ impl UserDispatcher {
             window: DispatchWindow::new(0, r.imbalance_window, now),
             cache: r.cache,
             request_costs: Vec::new(),
+            prompt_mean: 0.0,
         };
         d.resize(s.engines.dp_size);
         d
@@ -114,7 +122,7 @@ impl UserDispatcher {
 
     /// The scorer's load estimate of `rank`.
     pub fn load(&self, rank: u32, engines: &EngineTable) -> f64 {
-        self.policy.scorer.load(engines.get(rank), &self.ledgers[rank as usize])
+        self.policy.scorer.load(engines.get(rank), &self.ledgers[rank as usize], self.prompt_mean)
     }
 
     #[cfg(test)]
@@ -124,7 +132,7 @@ impl UserDispatcher {
 
     fn refresh(&mut self, rank: u32, engines: &EngineTable) {
         let r = rank as usize;
-        self.costs[r] = self.policy.scorer.cost(engines.get(rank), &self.ledgers[r]);
+        self.costs[r] = self.policy.scorer.cost(engines.get(rank), &self.ledgers[r], self.prompt_mean);
     }
 
     /// Recomputes every cost and the routable list.
@@ -160,7 +168,11 @@ impl UserDispatcher {
         // holds that much KV while it runs, and a fully cached prompt must
         // still make its rank look busier, or affinity would pile on it.
         let tokens = req.prompt_tokens.unwrap_or(1).min(u64::from(u32::MAX));
-        match self.whole_batch_rank(req, engines, now)? {
+        let whole = self.whole_batch_rank(req, engines, now)?;
+        if req.prompt_tokens.is_some() {
+            self.observe_prompt(req.n.into(), tokens, engines);
+        }
+        match whole {
             Some(rank) => {
                 out.resize(req.n as usize, rank);
                 self.place(rank, req.n.into(), tokens, engines, now);
@@ -179,11 +191,21 @@ impl UserDispatcher {
         Ok(())
     }
 
-    /// `cache_aware`'s pick: each routable rank's cost plus its uncached
-    /// prefill (weighted, penalized like the load), unless the balance
-    /// guard holds: then token load alone.
+    /// A prefix-aware pick. `cache_aware`: each routable rank's cost plus its
+    /// uncached prefill (weighted, penalized like the load), unless the
+    /// balance guard holds: then token load alone. `lmetric`: each rank's
+    /// cost (requests in flight + 1, penalized) times its uncached prefill + 1.
     fn pick_cached(&mut self, engines: &EngineTable, view: &PrefixView<'_>) -> u32 {
-        let loads = self.routable.iter().map(|&r| self.policy.scorer.load(engines.get(r), &self.ledgers[r as usize]));
+        if self.policy.kind == PolicyKind::LMetric {
+            self.request_costs.clear();
+            for (rank, &cost) in self.costs.iter().enumerate() {
+                self.request_costs.push(cost * (view.uncached(rank as u32) as f64 + 1.0));
+            }
+            return self.pick_by(engines, true);
+        }
+        let mean = self.prompt_mean;
+        let loads =
+            self.routable.iter().map(|&r| self.policy.scorer.load(engines.get(r), &self.ledgers[r as usize], mean));
         let (min, max) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| (lo.min(l), hi.max(l)));
         let guarded = max - min > self.cache.balance_abs_tokens as f64 && max > self.cache.balance_rel * min;
         self.request_costs.clear();
@@ -253,6 +275,17 @@ impl UserDispatcher {
         self.ledgers[rank as usize].place(count, tokens_each, now);
         self.window.record(rank as usize, count, now);
         self.refresh(rank, engines);
+    }
+
+    /// Folds a request's `count` prompts of `tokens` each into the mean prompt length.
+    fn observe_prompt(&mut self, count: u64, tokens: u64, engines: &EngineTable) {
+        let before = self.prompt_mean;
+        let weight = if before == 0.0 { 1.0 } else { (count as f64 / PROMPT_WINDOW).min(1.0) };
+        self.prompt_mean += (tokens as f64 - before) * weight;
+        // Every rank's cost weighs its queue by the mean: a large move re-costs them all.
+        if (self.prompt_mean - before).abs() > 0.1 * before {
+            self.refresh_all(engines);
+        }
     }
 
     /// Folds an applied stats update into the rank's ledger and cost.

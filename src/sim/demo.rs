@@ -85,11 +85,17 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
         horizon: u64::MAX,
         prompts_of: Prompts {
             workload: Some(shared),
-            on_wire: policy == "cache_aware" && phase == Phase::Dpcoord,
+            on_wire: prefix_aware(policy) && phase == Phase::Dpcoord,
             oracle: None,
             local: phase.rule(),
         },
     }
+}
+
+/// Whether the demo's frontends send prompts and its engines publish KV events
+/// (`cache_aware`, `lmetric`).
+pub(super) fn prefix_aware(policy: &str) -> bool {
+    crate::routing::PolicyKind::parse(policy).is_some_and(|p| p.uses_prefix())
 }
 
 /// The default metrics port if free, else any free port on loopback.
@@ -145,7 +151,7 @@ fn phase(
 ) -> Result<(Outcome, bool), SimError> {
     let settings = DaemonSettings {
         metrics_bind: listener.local_addr()?.to_string(),
-        kv_events: args.policy == "cache_aware",
+        kv_events: prefix_aware(&args.policy),
         ..DaemonSettings::defaults(RANKS, &args.policy)
     };
     let local = Local::start(&settings, "demo")?;

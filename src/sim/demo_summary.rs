@@ -86,7 +86,7 @@ pub fn summary(outcomes: &[Outcome], metrics: SocketAddr, frontends: u32, policy
             o.hit * 100.0,
         );
     }
-    let dpcoord = if policy == "cache_aware" {
+    let dpcoord = if super::demo::prefix_aware(policy) {
         "and, from the engines' KV events, sends each request where its prefix is cached.".to_owned()
     } else {
         format!("and ({policy}), like vLLM's rule, ignores prefixes.")

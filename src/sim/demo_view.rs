@@ -65,10 +65,11 @@ impl Phase {
                  max(waiting + running in its snapshot, {frontends} x its own unfinished requests there) and\n\
                  counts its pick {frontends} times until the next snapshot; it knows nothing of prefixes"
             ),
-            Phase::Dpcoord if policy == "cache_aware" => "phase 3/3, through dpcoord (cache_aware): each frontend \
-                 asks dpcoord, which counts every\nplacement (pending: not yet in the engine's stats) and, from \
-                 the engines' KV events, sends\neach request where its prefix is cached"
-                .to_owned(),
+            Phase::Dpcoord if super::demo::prefix_aware(policy) => format!(
+                "phase 3/3, through dpcoord ({policy}): each frontend asks dpcoord, which counts every\n\
+                 placement (pending: not yet in the engine's stats) and, from the engines' KV events, sends\n\
+                 each request where its prefix is cached"
+            ),
             Phase::Dpcoord => format!(
                 "phase 3/3, through dpcoord ({policy}): each frontend asks dpcoord, which counts every\n\
                  placement, also those the engines have not reported yet (pending)"

@@ -27,7 +27,8 @@ pub const BLOCK: u32 = 16;
 pub const REQUESTS: u64 = 960;
 
 /// The arms, in table order.
-pub const ARMS: [&str; 5] = ["round_robin", "least_load", "cache_aware/approx", "cache_aware/events", "oracle"];
+pub const ARMS: [&str; 6] =
+    ["round_robin", "least_load", "lmetric/events", "cache_aware/approx", "cache_aware/events", "oracle"];
 
 /// The workloads, scaled from llm-d's 150 tenants x 6k + 1.2k to runs of seconds.
 pub fn workloads() -> [Workload; 3] {
@@ -54,6 +55,7 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
         "round_robin" | "least_load" => (arm, false, false, None, None),
         "cache_aware/approx" => ("cache_aware", false, true, None, Some("approximate")),
         "cache_aware/events" => ("cache_aware", true, true, None, Some("events")),
+        "lmetric/events" => ("lmetric", true, true, None, Some("events")),
         _ => ("round_robin", false, false, Some(weights), None),
     };
     let mut routing = weights_of(weights);

@@ -164,8 +164,8 @@ class DpcoordStatLogger(StatLoggerBase):
         if not _blind_logged:
             _blind_logged = True
             log.warning(
-                "dpcoord: vLLM reports no token counts, so updates carry no `tokens`:"
-                " dpcoord's least_tokens policy sees only the prompt tokens of pending placements on these ranks"
+                "dpcoord: vLLM reports no token counts, so updates carry no `tokens`: dpcoord's token-load"
+                " policies count these ranks' waiting and running requests at the mean prompt length of its placements"
             )
         _Ticker.add(self)
 

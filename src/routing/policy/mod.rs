@@ -28,6 +28,10 @@ pub enum PolicyKind {
     /// The lowest `(token load + prefill weight * uncached prompt tokens + 1)
     /// * (1 + penalty)`: the prefix term is per request (`user.rs`).
     CacheAware,
+    /// The lowest `(uncached prompt tokens + 1) * (requests in flight + 1)
+    /// * (1 + penalty)` (LMetric): the baseline prefix-aware scorer of the
+    /// field, which `cache_aware` is measured against.
+    LMetric,
 }
 
 /// A policy's parts.
@@ -39,12 +43,13 @@ pub struct Policy {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::RoundRobin,
         PolicyKind::LeastLoad,
         PolicyKind::LeastTokens,
         PolicyKind::PowerOfTwo,
         PolicyKind::CacheAware,
+        PolicyKind::LMetric,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -54,7 +59,14 @@ impl PolicyKind {
             PolicyKind::LeastTokens => "least_tokens",
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::LMetric => "lmetric",
         }
+    }
+
+    /// Whether this policy weighs each request's prompt against what each rank
+    /// has cached (it needs the prompt's prefix looked up).
+    pub fn uses_prefix(self) -> bool {
+        matches!(self, PolicyKind::CacheAware | PolicyKind::LMetric)
     }
 
     pub fn parse(s: &str) -> Option<PolicyKind> {
@@ -72,6 +84,8 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => (requests, true, Picker::TwoChoices),
             // Its base cost is least_tokens'; the per-request prefill term is added at the pick.
             PolicyKind::CacheAware => (Metric::Tokens, true, Picker::Least),
+            // Its per-request cost is this one times (uncached prompt tokens + 1).
+            PolicyKind::LMetric => (Metric::InFlight, true, Picker::Least),
         };
         Policy { kind: self, scorer: Scorer { metric, penalized }, picker }
     }
