@@ -1,7 +1,7 @@
 //! SGLang's scheduler load stream into `--sglang-load-connect`, against the
 //! real binary: three-frame `LoadStat` messages bring ranks up with their
-//! gauges, a 1 s heartbeat keeps an idle rank up, bad messages are counted
-//! and change nothing, and placements stay pending until a snapshot that
+//! gauges, a 1 s heartbeat keeps an idle rank up, bad messages (and one
+//! naming another rank than its endpoint's) are counted and change nothing, and placements stay pending until a snapshot that
 //! could have seen them.
 mod common;
 
@@ -10,60 +10,39 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 
-/// A load PUB like SGLang's: bound by the engine, dpcoord connects.
-struct LoadPub {
-    sock: zmq::Socket,
-    seq: i64,
-}
-
-impl LoadPub {
-    fn bind(ctx: &zmq::Context, endpoint: &str) -> LoadPub {
-        let sock = ctx.socket(zmq::PUB).unwrap();
-        sock.set_linger(0).unwrap();
-        sock.bind(endpoint).unwrap();
-        LoadPub { sock, seq: 0 }
-    }
-
-    /// `LoadStat` of `rank`: running, waiting, KV tokens of 10 000, KV + queued.
-    fn send(&mut self, rank: u32, running: u64, waiting: u64, kv: u64, total: u64) {
-        let stat = ("LoadStat", running, waiting, kv, 10_000u64, rank, 0u64, total, 64u64, 0u64, 0u64);
-        self.send_frames(&[b"load".to_vec(), self.seq.to_be_bytes().to_vec(), rmp_serde::to_vec(&stat).unwrap()]);
-        self.seq += 1;
-    }
-
-    fn send_frames(&self, frames: &[Vec<u8>]) {
-        self.sock.send_multipart(frames, 0).unwrap();
-    }
-}
-
-fn daemon(dir: &tempfile::TempDir, extra: &[&str]) -> (Daemon, LoadPub, zmq::Context) {
+/// A daemon over 2 ranks subscribed to `pubs` SGLang load PUBs (the i-th
+/// is rank i), and those publishers.
+fn daemon(dir: &tempfile::TempDir, pubs: u32, extra: &[&str]) -> (Daemon, Vec<LoadPub>, zmq::Context) {
     let ctx = zmq::Context::new();
-    let ep = ipc(dir, "sglang-load-0");
-    let publisher = LoadPub::bind(&ctx, &ep);
-    let mut args = vec!["--dp-size", "2", "--sglang-load-connect", &ep];
+    let eps: Vec<String> = (0..pubs).map(|r| ipc(dir, &format!("sglang-load-{r}"))).collect();
+    let publishers = eps.iter().map(|ep| LoadPub::bind(&ctx, ep)).collect();
+    let mut args = vec!["--dp-size", "2"];
+    for ep in &eps {
+        args.extend_from_slice(&["--sglang-load-connect", ep]);
+    }
     args.extend_from_slice(extra);
-    (Daemon::start(&args), publisher, ctx)
+    (Daemon::start(&args), publishers, ctx)
 }
 
 #[test]
 fn load_stats_bring_ranks_up_with_their_gauges_and_bad_ones_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let (d, mut p, _ctx) = daemon(&dir, &FROZEN);
+    let (d, mut p, _ctx) = daemon(&dir, 2, &FROZEN);
     eventually("rank 1 up from its LoadStat", || {
-        p.send(1, 3, 2, 3000, 9000);
+        p[1].send(1, 3, 2, 3000, 9000);
         std::thread::sleep(Duration::from_millis(10));
         (d.ranks()[1]["status"] == "up").then_some(())
     });
     let r = &d.ranks()[1];
     assert_eq!((r["counts"].clone(), r["boot"].clone()), (json!([2, 3, 0, 0, 0]), json!(1)));
     let ok = d.metric(r#"dpcoord_stats_messages_total{result="ok"}"#).unwrap();
-    p.send_frames(&[b"kv".to_vec(), 0i64.to_be_bytes().to_vec(), b"\x90".to_vec()]); // not the load topic
-    p.send_frames(&[b"load".to_vec(), b"\x90".to_vec()]); // two frames
-    p.send(7, 0, 0, 0, 0); // no such rank
+    p[1].send_frames(&[b"kv".to_vec(), 0i64.to_be_bytes().to_vec(), b"\x90".to_vec()]); // not the load topic
+    p[1].send_frames(&[b"load".to_vec(), b"\x90".to_vec()]); // two frames
+    p[1].send(7, 0, 0, 0, 0); // not rank 1, whose endpoint this is
     let malformed = r#"dpcoord_stats_messages_total{result="malformed"}"#;
-    let unknown = r#"dpcoord_stats_messages_total{result="unknown_rank"}"#;
+    let wrong = r#"dpcoord_stats_messages_total{result="wrong_rank"}"#;
     eventually("bad messages counted", || {
-        (d.metric(malformed) == Some(2.0) && d.metric(unknown) == Some(1.0)).then_some(())
+        (d.metric(malformed) == Some(2.0) && d.metric(wrong) == Some(1.0)).then_some(())
     });
     assert_eq!(d.metric(r#"dpcoord_stats_messages_total{result="ok"}"#), Some(ok));
     // least_tokens reads SGLang's own total (KV + queued), not the KV in use.
@@ -73,9 +52,9 @@ fn load_stats_bring_ranks_up_with_their_gauges_and_bad_ones_are_counted() {
 #[test]
 fn a_one_second_heartbeat_keeps_an_idle_rank_up_at_default_liveness() {
     let dir = tempfile::tempdir().unwrap();
-    let (d, mut p, _ctx) = daemon(&dir, &[]);
+    let (d, mut p, _ctx) = daemon(&dir, 1, &[]);
     eventually("rank 0 up", || {
-        p.send(0, 0, 0, 0, 0);
+        p[0].send(0, 0, 0, 0, 0);
         std::thread::sleep(Duration::from_millis(10));
         (d.ranks()[0]["status"] == "up").then_some(())
     });
@@ -84,7 +63,7 @@ fn a_one_second_heartbeat_keeps_an_idle_rank_up_at_default_liveness() {
     let until = Instant::now() + Duration::from_millis(3500);
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(1000));
-        p.send(0, 0, 0, 0, 0);
+        p[0].send(0, 0, 0, 0, 0);
         assert_eq!(d.ranks()[0]["status"], "up");
     }
     assert_eq!(d.state()["epoch"], 1, "never left the routable set");
@@ -98,10 +77,10 @@ fn placements_stay_pending_until_a_snapshot_that_could_have_seen_them() {
     std::fs::write(&file, "[routing]\npending_transit_ms = 1000\n").unwrap();
     let mut args = FROZEN.to_vec();
     args.extend_from_slice(&["--policy", "least_load", "--config", file.to_str().unwrap()]);
-    let (d, mut p, _ctx) = daemon(&dir, &args);
+    let (d, mut p, _ctx) = daemon(&dir, 2, &args);
     eventually("ranks up", || {
-        p.send(0, 0, 0, 0, 0);
-        p.send(1, 0, 0, 0, 0);
+        p[0].send(0, 0, 0, 0, 0);
+        p[1].send(1, 0, 0, 0, 0);
         std::thread::sleep(Duration::from_millis(10));
         (d.ranks()[0]["status"] == "up" && d.ranks()[1]["status"] == "up").then_some(())
     });
@@ -110,13 +89,13 @@ fn placements_stay_pending_until_a_snapshot_that_could_have_seen_them() {
     assert_eq!(c.route(json!({"v": 1, "op": "route", "rank": 0, "n": 3})), [0, 0, 0]);
     // A snapshot within the transit window cannot have seen them: it
     // overwrites nothing dpcoord placed.
-    p.send(0, 1, 0, 0, 0);
+    p[0].send(0, 1, 0, 0, 0);
     eventually("the snapshot applied", || (d.ranks()[0]["counts"] == json!([0, 1, 0, 0, 0])).then_some(()));
     assert!(placed.elapsed() < Duration::from_millis(1000), "the machine is too slow for this window");
     assert_eq!(d.routed_pending()[0], (3, 3));
     // One that arrives after the window holds them (here: 3 waiting): they stop being pending.
     std::thread::sleep(Duration::from_millis(1000).saturating_sub(placed.elapsed()) + Duration::from_millis(20));
-    p.send(0, 0, 3, 0, 0);
+    p[0].send(0, 0, 3, 0, 0);
     eventually("pending reconciled", || (d.routed_pending()[0] == (3, 0)).then_some(()));
     assert_eq!(d.ranks()[0]["counts"], json!([3, 0, 0, 0, 0]));
     // least_load now sees rank 0's 3 waiting (weight 4) against an idle rank 1.

@@ -146,7 +146,7 @@ pub const SGLANG_LOAD_CONNECT: ListKey = ListKey {
         ENGINES,
         "sglang_load_connect",
         "EP",
-        "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable",
+        "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to (the i-th is rank i); repeatable",
     ),
 };
 pub const VLLM_METRICS_URL: ListKey = ListKey {

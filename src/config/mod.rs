@@ -64,7 +64,7 @@ pub struct Server {
     /// `None` when the bind is disabled (`""`).
     pub stats_bind: Option<String>,
     pub stats_connect: Vec<String>,
-    /// SGLang scheduler load publishers to subscribe to (`engines.sglang_load_connect`).
+    /// SGLang scheduler load publishers to subscribe to, in rank order (`engines.sglang_load_connect`).
     pub sglang_load_connect: Vec<String>,
     /// vLLM API servers' `/metrics`, in rank order (`engines.vllm_metrics_url`).
     pub vllm_metrics_url: Vec<String>,

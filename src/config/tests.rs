@@ -97,7 +97,7 @@ fn the_flags_are_the_documented_ones() {
         (
             "sglang-load-connect",
             "EP",
-            "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to; repeatable (engines.sglang_load_connect)",
+            "SGLang scheduler load PUB (--load-publish-endpoint) to subscribe to (the i-th is rank i); repeatable (engines.sglang_load_connect)",
         ),
         (
             "vllm-metrics-url",

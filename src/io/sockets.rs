@@ -225,10 +225,14 @@ impl Opened {
     }
 }
 
-/// The endpoints dpcoord connects to, by source kind. A new source is a
-/// row here, its config key, and its decoder in `wire`.
-fn connected(srv: &Server) -> [(SourceKind, &[String]); 2] {
-    [(SourceKind::Stats, &srv.stats_connect), (SourceKind::SglangLoad, &srv.sglang_load_connect)]
+/// The endpoints dpcoord connects to, each with its source kind: an
+/// engine's stats PUB speaks for any rank, the i-th SGLang load PUB for rank
+/// i only. A new source is a row here, its config key, and its decoder in `wire`.
+fn connected(srv: &Server) -> impl Iterator<Item = (SourceKind, &String)> {
+    let stats = srv.stats_connect.iter().map(|ep| (SourceKind::Stats, ep));
+    let load =
+        srv.sglang_load_connect.iter().enumerate().map(|(i, ep)| (SourceKind::SglangLoad { rank: i as u32 }, ep));
+    stats.chain(load)
 }
 
 /// The scraped source: a PULL bound in-process, fed by the scraper's
@@ -265,10 +269,8 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
     }
     let limit = frame_limit(cfg.settings.limits.max_message_bytes);
     let hwm = bytes_hwm(SOURCE_LINK_BYTES, limit, MIN_SOURCE_HWM, SOURCE_HWM);
-    for (kind, endpoints) in connected(srv) {
-        for ep in endpoints {
-            out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
-        }
+    for (kind, ep) in connected(srv) {
+        out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
     }
     if !srv.vllm_metrics_url.is_empty() {
         out.sources.push(scraped(ctx, srv)?);

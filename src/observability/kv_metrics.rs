@@ -14,11 +14,13 @@ pub enum BatchResult {
     Malformed,
     UnknownRank,
     Stale,
+    /// From a `+rank` endpoint (or its replay socket), naming another rank.
+    WrongRank,
 }
 
 impl BatchResult {
-    const ALL: [BatchResult; 4] =
-        [BatchResult::Ok, BatchResult::Malformed, BatchResult::UnknownRank, BatchResult::Stale];
+    const ALL: [BatchResult; 5] =
+        [BatchResult::Ok, BatchResult::Malformed, BatchResult::UnknownRank, BatchResult::Stale, BatchResult::WrongRank];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -26,6 +28,7 @@ impl BatchResult {
             BatchResult::Malformed => "malformed",
             BatchResult::UnknownRank => "unknown_rank",
             BatchResult::Stale => "stale",
+            BatchResult::WrongRank => "wrong_rank",
         }
     }
 }

@@ -34,11 +34,13 @@ pub enum StatsResult {
     Malformed,
     Stale,
     UnknownRank,
+    /// From a per-rank source (an SGLang load endpoint), naming another rank.
+    WrongRank,
 }
 
 impl StatsResult {
-    pub const ALL: [StatsResult; 4] =
-        [StatsResult::Ok, StatsResult::Malformed, StatsResult::Stale, StatsResult::UnknownRank];
+    pub const ALL: [StatsResult; 5] =
+        [StatsResult::Ok, StatsResult::Malformed, StatsResult::Stale, StatsResult::UnknownRank, StatsResult::WrongRank];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -46,6 +48,7 @@ impl StatsResult {
             StatsResult::Malformed => "malformed",
             StatsResult::Stale => "stale",
             StatsResult::UnknownRank => "unknown_rank",
+            StatsResult::WrongRank => "wrong_rank",
         }
     }
 }

@@ -27,8 +27,8 @@ use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
-    self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceKind, SourceLimits,
-    Target, WireError,
+    self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError, SourceKind,
+    SourceLimits, Target, WireError,
 };
 
 pub struct Coordinator {
@@ -49,7 +49,7 @@ pub struct Coordinator {
     /// approximate index.
     prefix: PrefixRouting,
     /// Rate limit of the dropped-update warning, per `StatsResult`.
-    drops: LogLimiter<4>,
+    drops: LogLimiter<{ StatsResult::ALL.len() }>,
     /// Reused buffer for the ranks of one route answer.
     placed: Vec<u32>,
     /// The engine table as of the last tick, for readers on other threads.
@@ -180,6 +180,7 @@ impl Coordinator {
         match (decoded, kind) {
             (Ok(event), _) => self.on_event(event, now),
             (Err(e), SourceKind::KvEvents { .. }) => self.kv.drop_batch(BatchResult::Malformed, &e.to_string(), now),
+            (Err(e @ SourceError::WrongRank { .. }), _) => self.dropped(StatsResult::WrongRank, &e, now),
             (Err(e), _) => self.dropped(StatsResult::Malformed, &e, now),
         }
     }

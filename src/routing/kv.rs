@@ -215,7 +215,7 @@ impl KvStreams {
         self.buffered_bytes -= r.bytes;
         let hole = forced.is_some() || r.broken || r.live.front().is_some_and(|(first, _)| *first > r.next);
         if hole && (r.delivered || !r.initial) {
-            let rank = self.streams[s].rank.or(self.streams[s].hint);
+            let rank = self.streams[s].hint.or(self.streams[s].rank);
             self.reset(rank, ResetCause::Gap);
         }
         if !r.initial {
@@ -237,11 +237,12 @@ impl KvStreams {
         self.streams[s].next = Some(next);
     }
 
-    /// The rank a batch is about: its own, else its endpoint's, else the
-    /// stream's last.
+    /// The rank a batch is about: its endpoint's (a `+rank` endpoint
+    /// resets no other rank, whatever its batches name), else its own, else
+    /// the stream's last.
     fn rank_of(&self, s: usize, batch: &Payload) -> Option<u32> {
         let st = &self.streams[s];
-        batch.as_ref().ok().and_then(|b| b.rank).or(st.hint).or(st.rank)
+        st.hint.or(batch.as_ref().ok().and_then(|b| b.rank)).or(st.rank)
     }
 
     fn apply(&mut self, s: usize, batch: Payload, now: Instant) {
@@ -249,7 +250,15 @@ impl KvStreams {
             Ok(b) => b,
             Err(why) => return self.drop_batch(BatchResult::Malformed, &why, now),
         };
-        let Some(rank) = batch.rank.or(self.streams[s].hint) else {
+        // A `+rank` endpoint (and its replay socket) writes its own rank
+        // only: a batch naming another takes its `seq`, as a malformed one
+        // does, and changes nothing else.
+        let hint = self.streams[s].hint;
+        if let Some((own, named)) = hint.zip(batch.rank).filter(|(own, named)| own != named) {
+            let why = format!("KV events: a batch naming dp_rank {named} from the endpoint of rank {own}");
+            return self.drop_batch(BatchResult::WrongRank, &why, now);
+        }
+        let Some(rank) = hint.or(batch.rank) else {
             let why = "KV events: the batch names no dp_rank and its endpoint is not a +rank form";
             return self.drop_batch(BatchResult::Malformed, why, now);
         };

@@ -214,3 +214,72 @@ fn live_batches_kept_during_a_replay_are_bounded_in_bytes() {
     assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 2);
     assert_eq!(s.buffered_bytes, 0);
 }
+
+/// Every reset of rank `rank`'s index, whatever its cause.
+fn resets(r: &Registry, rank: &str) -> u64 {
+    let fams = r.gather();
+    let fam = fams.iter().find(|f| f.name() == "dpcoord_kv_index_resets_total").unwrap();
+    let of_rank =
+        |m: &&prometheus::proto::Metric| m.get_label().iter().any(|l| l.name() == "dp_rank" && l.value() == rank);
+    fam.get_metric().iter().filter(of_rank).map(|m| m.get_counter().get_value() as u64).sum()
+}
+
+/// `[t, t]` stored, in a batch naming `rank` (or none).
+fn store_naming(rank: Option<u32>, t: u32) -> Payload {
+    let Ok(KvBatch { events, .. }) = store(t) else { unreachable!() };
+    Ok(KvBatch { rank, events })
+}
+
+/// Whether `rank` holds the block `[t, t]`.
+fn held(s: &KvStreams, rank: usize, t: u32) -> bool {
+    let mut keys = Vec::new();
+    chain_keys(chain_seed(None, None), &[t, t], 2, &mut keys);
+    let mut out = Vec::new();
+    s.index().leading(&keys, &mut out);
+    out[rank] == 1
+}
+
+/// The `+rank` endpoint of rank 1 and its replay socket: batches naming
+/// rank 0 are refused (taking their `seq`), its publisher restarting
+/// clears rank 1 whatever its batch names, and an endpoint that is not a
+/// `+rank` form still writes the rank each batch names.
+#[test]
+fn a_rank_endpoint_and_its_replay_socket_write_their_own_rank_only() {
+    let r = Registry::new();
+    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    let shared = KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: None };
+    let own = KvEndpoint { connect: "tcp://a:2".into(), replay: Some("tcp://a:3".into()), rank: Some(1) };
+    s.set_endpoints(&[shared, own]);
+    let t0 = Instant::now();
+    let on = |s: &mut KvStreams, from_replay, seq, batch| {
+        s.on_message(KvMessage { stream: 1, from_replay, body: KvBody::Batch { seq, batch } }, t0)
+    };
+    s.on_message(msg(false, 0, store_naming(Some(0), 1)), t0);
+    s.on_message(msg(false, 1, store_naming(Some(1), 9)), t0);
+    on(&mut s, false, 0, store_naming(Some(1), 2));
+    on(&mut s, false, 1, store_naming(None, 3));
+    assert!(held(&s, 0, 1) && held(&s, 1, 9) && held(&s, 1, 2) && held(&s, 1, 3));
+    // Naming rank 0: a phantom store and a clear, both refused.
+    on(&mut s, false, 2, store_naming(Some(0), 4));
+    on(&mut s, false, 3, Ok(KvBatch { rank: Some(0), events: vec![KvEvent::Cleared] }));
+    assert!(held(&s, 0, 1) && !held(&s, 0, 4));
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "wrong_rank")), 2);
+    // They took their seq: 4 next is no gap.
+    on(&mut s, false, 4, store_naming(Some(1), 5));
+    assert!(asks(&mut s).is_empty() && held(&s, 1, 5));
+    // A gap: the replayed batch naming rank 0 is refused too, and the replay recovers.
+    on(&mut s, false, 7, store_naming(Some(1), 7));
+    assert_eq!(asks(&mut s), vec![(1, 5)]);
+    on(&mut s, true, 5, store_naming(Some(0), 6));
+    on(&mut s, true, 6, store_naming(Some(1), 8));
+    on(&mut s, true, 7, store_naming(Some(1), 7));
+    s.on_message(KvMessage { stream: 1, from_replay: true, body: KvBody::ReplayEnd }, t0);
+    assert!(!held(&s, 0, 6) && held(&s, 1, 8) && held(&s, 1, 7));
+    assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "recovered")), 1);
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "wrong_rank")), 3);
+    // Its seq going back clears rank 1, the endpoint's, not the rank the batch names.
+    on(&mut s, false, 0, Ok(KvBatch { rank: Some(0), events: vec![] }));
+    assert!(held(&s, 0, 1) && !held(&s, 1, 2) && !held(&s, 1, 9));
+    assert_eq!((resets(&r, "0"), resets(&r, "1")), (0, 1));
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "wrong_rank")), 4);
+}

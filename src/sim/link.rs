@@ -329,7 +329,7 @@ impl Link {
 /// load streams, else a `StatsUpdate` PUB to dpcoord's stats bind.
 fn publisher(wiring: &Wiring, eps: &Endpoints, rank: u32, boot: u64) -> Result<Publisher, NetError> {
     match eps.load.get(rank as usize) {
-        Some(ep) => Ok(Publisher::load(LoadPub::bind(wiring, ep)?, rank)),
+        Some(ep) => Ok(Publisher::load(LoadPub::bind(wiring, ep, rank)?, rank)),
         None => Ok(Publisher::stats(StatsPub::connect(wiring, &eps.stats, rank, boot)?, rank)),
     }
 }

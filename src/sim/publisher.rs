@@ -33,8 +33,9 @@ pub struct LoadPub {
 }
 
 impl LoadPub {
-    pub fn bind(wiring: &Wiring, endpoint: &str) -> Result<LoadPub, NetError> {
-        let peer = wiring.publisher(endpoint, SourceKind::SglangLoad, true, 100_000)?;
+    /// The load PUB of rank `rank`, bound at `endpoint`.
+    pub fn bind(wiring: &Wiring, endpoint: &str, rank: u32) -> Result<LoadPub, NetError> {
+        let peer = wiring.publisher(endpoint, SourceKind::SglangLoad { rank }, true, 100_000)?;
         Ok(LoadPub { peer, seq: 0, last: None })
     }
 

@@ -20,8 +20,10 @@ use crate::engines::EngineEvent;
 pub enum SourceKind {
     /// dpcoord's own `StatsUpdate`: one MessagePack frame per message.
     Stats,
-    /// SGLang's scheduler load stream: `[b"load", seq, LoadStat]`.
-    SglangLoad,
+    /// SGLang's scheduler load stream: `[b"load", seq, LoadStat]`, from
+    /// the endpoint of rank `rank` (the i-th of `engines.sglang_load_connect`
+    /// is rank i): a `LoadStat` naming another rank is refused.
+    SglangLoad { rank: u32 },
     /// vLLM's `/metrics`, scraped every `interval`: `[rank, seq, body]`.
     VllmMetrics { interval: Duration },
     /// KV-cache events of publisher `stream` (its place in
@@ -51,7 +53,7 @@ impl SourceKind {
     pub fn as_str(self) -> &'static str {
         match self {
             SourceKind::Stats => "stats",
-            SourceKind::SglangLoad => "sglang_load",
+            SourceKind::SglangLoad { .. } => "sglang_load",
             SourceKind::VllmMetrics { .. } => "vllm_metrics",
             SourceKind::KvEvents { replay: false, .. } => "kv_events",
             SourceKind::KvEvents { replay: true, .. } => "kv_replay",
@@ -63,7 +65,7 @@ impl SourceKind {
     /// it whose batch alone is above `kv_batch` still counts its `seq`.
     pub fn max_bytes(self, limits: &SourceLimits) -> usize {
         match self {
-            SourceKind::Stats | SourceKind::SglangLoad => limits.message,
+            SourceKind::Stats | SourceKind::SglangLoad { .. } => limits.message,
             SourceKind::VllmMetrics { .. } => vllm_metrics::MAX_BODY_BYTES + vllm_metrics::HEADER_BYTES,
             SourceKind::KvEvents { .. } => limits.kv_batch.saturating_mul(2).saturating_add(KV_FRAMES_BYTES),
         }
@@ -87,6 +89,11 @@ pub enum SourceError {
     TooManyFrames,
     Stats(StatsError),
     Sglang(SglangError),
+    /// A per-rank source's message naming another rank.
+    WrongRank {
+        named: i128,
+        own: u32,
+    },
     VllmMetrics(VllmMetricsError),
     Kv(KvFrameError),
 }
@@ -99,6 +106,9 @@ impl fmt::Display for SourceError {
             SourceError::TooManyFrames => write!(f, "a message with more frames than any source uses"),
             SourceError::Stats(e) => e.fmt(f),
             SourceError::Sglang(e) => e.fmt(f),
+            SourceError::WrongRank { named, own } => {
+                write!(f, "a message naming rank {named} from the endpoint of rank {own}")
+            }
             SourceError::VllmMetrics(e) => e.fmt(f),
             SourceError::Kv(e) => e.fmt(f),
         }
@@ -121,10 +131,14 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
     match (kind, frames) {
         (SourceKind::Stats, [one]) => decode_stats(one).map(EngineEvent::Load).map_err(SourceError::Stats),
         (SourceKind::Stats, _) => Err(SourceError::Frames { got: frames.len(), want: 1 }),
-        (SourceKind::SglangLoad, [topic, seq, payload]) => {
-            decode_sglang_load(topic, seq, payload).map(EngineEvent::Load).map_err(SourceError::Sglang)
+        (SourceKind::SglangLoad { rank }, [topic, seq, payload]) => {
+            let report = decode_sglang_load(topic, seq, payload).map_err(SourceError::Sglang)?;
+            if report.rank != i128::from(rank) {
+                return Err(SourceError::WrongRank { named: report.rank, own: rank });
+            }
+            Ok(EngineEvent::Load(report))
         }
-        (SourceKind::SglangLoad, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
+        (SourceKind::SglangLoad { .. }, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
         (SourceKind::VllmMetrics { interval }, [rank, seq, body]) => {
             decode_vllm_metrics(rank, seq, body, interval).map(EngineEvent::Load).map_err(SourceError::VllmMetrics)
         }
@@ -166,6 +180,19 @@ mod tests {
         assert_eq!(decode_source::<&[u8]>(SourceKind::Stats, None, &lim(1024)), Err(SourceError::TooManyFrames));
         let garbage = [&b"\xc1"[..]];
         assert!(matches!(decode_source(SourceKind::Stats, Some(&garbage[..]), &lim(1024)), Err(SourceError::Stats(_))));
+    }
+
+    #[test]
+    fn an_sglang_load_endpoint_speaks_for_its_own_rank_only() {
+        let stat = |rank: u32| rmp_serde::to_vec(&("LoadStat", 1u64, 2u64, 3u64, 10u64, rank)).unwrap();
+        let (own, other) = (stat(1), stat(2));
+        let frames = |p: &[u8]| [b"load".to_vec(), 5i64.to_be_bytes().to_vec(), p.to_vec()];
+        let kind = SourceKind::SglangLoad { rank: 1 };
+        let Ok(EngineEvent::Load(r)) = decode_source(kind, Some(&frames(&own)[..]), &lim(1024)) else { panic!() };
+        assert_eq!((r.rank, r.counts.running, r.counts.waiting), (1, 1, 2));
+        let got = decode_source(kind, Some(&frames(&other)[..]), &lim(1024));
+        assert_eq!(got, Err(SourceError::WrongRank { named: 2, own: 1 }));
+        assert_eq!(got.unwrap_err().to_string(), "a message naming rank 2 from the endpoint of rank 1");
     }
 
     #[test]

@@ -61,6 +61,7 @@ pub fn status_kib(pid: u32, key: &str) -> u64 {
 }
 
 mod daemon;
+mod engines;
 mod http;
 mod messages;
 mod peers;
@@ -68,4 +69,4 @@ mod process;
 
 // Each test file uses a different part of the harness, so some re-exports go unused in each.
 #[allow(unused_imports)]
-pub use {daemon::*, http::*, messages::*, peers::*, process::*};
+pub use {daemon::*, engines::*, http::*, messages::*, peers::*, process::*};

@@ -14,9 +14,14 @@ thread_local! {
     static COORD: RefCell<Coordinator> = RefCell::new({
         let mut cfg = Config::default();
         cfg.settings.engines.dp_size = 4;
-        // One KV publisher with a replay socket, for the sources target.
-        let kv = KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: Some("tcp://127.0.0.1:2".into()), rank: None };
-        Coordinator::new(&cfg.settings, Metrics::new(4), Instant::now()).with_kv_endpoints(&[kv])
+        // Two KV publishers with replay sockets, for the sources target: one
+        // whose batches name their rank, and the `+rank` endpoint of rank 1.
+        let kv = |rank, port: u16| KvEndpoint {
+            connect: format!("tcp://127.0.0.1:{port}"),
+            replay: Some(format!("tcp://127.0.0.1:{}", port + 1)),
+            rank,
+        };
+        Coordinator::new(&cfg.settings, Metrics::new(4), Instant::now()).with_kv_endpoints(&[kv(None, 1), kv(Some(1), 3)])
     });
 }
 
