@@ -115,7 +115,13 @@ fn bad_batches_are_counted_and_a_rank_that_goes_down_loses_its_index() {
     // Keep the rank up for a while, then let it go silent.
     publish_until("a stats update after the KV batch", stats.socket(), 0, &mut seq, [0; 5], || true);
     d.wait_status(0, "down");
-    await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [0]}));
+    // Its index emptied and its block size forgotten (prompts are keyed in 16s again).
+    await_prefix(&d, &PROMPT, json!({"blocks": 0, "matched": [0]}));
+    let s = d.state();
+    assert_eq!(
+        (&s["kv_block_size"], &s["ranks"][0]["kv_block_size"], &s["ranks"][0]["kv_blocks"]),
+        (&json!(null), &json!(null), &json!({}))
+    );
     assert_eq!(d.metric("dpcoord_kv_index_resets_total{cause=\"down\",dp_rank=\"0\"}"), Some(1.0));
     assert_eq!(d.stop().code(), Some(0));
 }

@@ -184,6 +184,7 @@ mod tests {
             boot: None,
             load: 0.0,
             kv_blocks: Default::default(),
+            kv_block_size: None,
         }
     }
 

@@ -37,11 +37,16 @@ fn coordinator_for(policy: PolicyKind, dp: u32, weight: f64, mode: PrefixMode) -
 
 /// Rank `rank` stores the first `blocks` blocks (of 4 tokens) of `PROMPT`, batch `seq`.
 fn store(c: &mut Coordinator, seq: u64, rank: u32, blocks: usize) {
+    store_sized(c, seq, rank, 4, blocks);
+}
+
+/// As [`store`], in blocks of `size` tokens.
+fn store_sized(c: &mut Coordinator, seq: u64, rank: u32, size: usize, blocks: usize) {
     let ev = KvEvent::Stored(Stored {
         hashes: (0..blocks as u64).map(|b| 100 * u64::from(rank) + b).collect(),
         parent: None,
-        tokens: PROMPT[..blocks * 4].to_vec(),
-        block_size: 4,
+        tokens: PROMPT[..blocks * size].to_vec(),
+        block_size: size as u32,
         medium: Medium::Gpu,
         lora: None,
         salt: None,
@@ -84,6 +89,28 @@ fn the_holder_wins_until_its_load_outweighs_what_its_cache_saves() {
     assert_eq!((&r["blocks"], &r["matched"]), (&json!(5), &json!([0, 0, 4, 0])));
     // A request without a prompt is least_tokens: rank 0 and 1 are idle.
     assert_eq!(place(&mut c, json!({"v": 1, "op": "route"})), 0);
+}
+
+#[test]
+fn each_rank_is_matched_and_costed_in_its_own_block_size() {
+    let mut c = coordinator(3, 4.0, PrefixMode::Events);
+    // Ranks 0 and 1 hold 4 tokens in one block of 4; rank 2 holds 12 in blocks of 2.
+    store(&mut c, 0, 0, 1);
+    store(&mut c, 1, 1, 1);
+    store_sized(&mut c, 2, 2, 2, 6);
+    let view = c.state_view(Instant::now());
+    let sizes: Vec<Option<u32>> = view.ranks.iter().map(|r| r.kv_block_size).collect();
+    assert_eq!((view.kv_block_size, sizes), (Some(4), vec![Some(4), Some(4), Some(2)]), "4: most ranks use it");
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!((&r["blocks"], &r["matched"]), (&json!(5), &json!([1, 1, 6])), "each in its own blocks");
+    // Rank 2 prefills 8 tokens, ranks 0 and 1 prefill 16 each.
+    assert_eq!(place(&mut c, with_prompt()), 2);
+    // Keys made in blocks of 4 match only the ranks of that size.
+    let mut keys = Vec::new();
+    let seed = crate::engines::prefix::keys::chain_seed(None, None);
+    crate::engines::prefix::keys::chain_keys(seed, &PROMPT, 4, &mut keys);
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "block_keys": keys}));
+    assert_eq!(r["matched"], json!([1, 1, 0]));
 }
 
 #[test]

@@ -64,6 +64,7 @@ pub(super) fn state_view(
                     .map(|m| (m.as_str(), kv.blocks(rank, m) as u64))
                     .filter(|&(_, n)| n > 0)
                     .collect(),
+                kv_block_size: kv.rank_block_size(rank),
             }
         })
         .collect();

@@ -283,10 +283,15 @@ impl KvStreams {
         }
     }
 
-    /// Empties `rank`'s index (if known and in range) and counts why.
+    /// Empties `rank`'s index (if known and in range) and counts why. A
+    /// restart or a rank gone `down` also forgets the rank's block size
+    /// (the next engine may use another); a gap keeps it.
     pub fn reset(&mut self, rank: Option<u32>, cause: ResetCause) {
         let Some(rank) = rank.filter(|&r| r < self.index.dp_size()) else { return };
-        self.index.clear(rank);
+        match cause {
+            ResetCause::Restart | ResetCause::Down => self.index.forget(rank),
+            ResetCause::Gap | ResetCause::Cleared => self.index.clear(rank),
+        }
         self.metrics.reset(rank, cause);
     }
 

@@ -17,9 +17,13 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 /// One request's prefix matches, per rank.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefixView<'a> {
-    /// Leading blocks held, per rank.
+    /// Leading blocks held, per rank, each in the rank's own block size.
     pub matched: &'a [u32],
+    /// The size the prompt was keyed with first (the one most ranks use).
     pub block_size: u64,
+    /// Per rank, its own block size when ranks differ; empty when every
+    /// rank's is `block_size`.
+    pub sizes: &'a [u32],
     /// The prompt's length in tokens.
     pub prompt_tokens: u64,
 }
@@ -27,7 +31,8 @@ pub struct PrefixView<'a> {
 impl PrefixView<'_> {
     /// The tokens rank `rank` would have to prefill.
     pub fn uncached(&self, rank: u32) -> u64 {
-        let cached = u64::from(self.matched.get(rank as usize).copied().unwrap_or(0)) * self.block_size;
+        let size = self.sizes.get(rank as usize).map_or(self.block_size, |&s| u64::from(s));
+        let cached = u64::from(self.matched.get(rank as usize).copied().unwrap_or(0)) * size;
         self.prompt_tokens.saturating_sub(cached)
     }
 }
@@ -39,6 +44,10 @@ pub(super) struct PrefixRouting {
     keys: Vec<u64>,
     matched: Vec<u32>,
     approx_matched: Vec<u32>,
+    /// Keys and matches in a block size other than the first.
+    other_keys: Vec<u64>,
+    other_matched: Vec<u32>,
+    sizes: Vec<u32>,
 }
 
 impl PrefixRouting {
@@ -51,6 +60,9 @@ impl PrefixRouting {
             keys: Vec::new(),
             matched: Vec::new(),
             approx_matched: Vec::new(),
+            other_keys: Vec::new(),
+            other_matched: Vec::new(),
+            sizes: Vec::new(),
         }
     }
 
@@ -67,7 +79,8 @@ impl PrefixRouting {
         self.approx.expire(now);
     }
 
-    /// The block size prompts are keyed with: the engines', once known.
+    /// The block size prompts are keyed with first: the one most ranks
+    /// use, once a rank has stored a block.
     pub fn block_size(kv: &KvStreams) -> u32 {
         kv.index().block_size().unwrap_or(DEFAULT_BLOCK_SIZE)
     }
@@ -107,7 +120,31 @@ impl PrefixRouting {
                 }
             }
         }
-        PrefixView { matched: &self.matched, block_size: u64::from(bs), prompt_tokens }
+        self.sizes.clear();
+        if index.block_sizes().len() > 1 && self.mode != PrefixMode::Approximate {
+            self.other_sizes(prompt, kv, bs);
+        }
+        PrefixView { matched: &self.matched, block_size: u64::from(bs), sizes: &self.sizes, prompt_tokens }
+    }
+
+    /// Ranks whose own block size is not `bs`: a prompt of tokens is keyed
+    /// again in each other size in use and those ranks take their matches
+    /// from it (block keys, made in one size by the client, match only the
+    /// ranks of that size). `sizes` gets every rank's size.
+    fn other_sizes(&mut self, prompt: &Prompt<'_>, kv: &KvStreams, bs: u32) {
+        let index = kv.index();
+        self.sizes.extend((0..index.dp_size()).map(|r| index.rank_block_size(r).unwrap_or(bs)));
+        let Prompt::Tokens { lora, salt, .. } = *prompt else { return };
+        for &size in index.block_sizes().iter().filter(|&&s| s != bs) {
+            self.other_keys.clear();
+            keys::chain_keys(keys::chain_seed(lora, salt), &self.tokens, size as usize, &mut self.other_keys);
+            index.leading(&self.other_keys, &mut self.other_matched);
+            for (r, m) in self.matched.iter_mut().enumerate() {
+                if self.sizes[r] == size {
+                    *m = self.other_matched[r];
+                }
+            }
+        }
     }
 
     /// The last looked-up prompt was placed on `rank` by a policy pick:

@@ -39,6 +39,7 @@ fn worst_rank() -> RankView {
         boot: Some(u64::MAX),
         load: f64::MAX,
         kv_blocks: Medium::ALL.into_iter().map(|m| (m.as_str(), u64::MAX)).collect(),
+        kv_block_size: Some(u32::MAX),
     }
 }
 
@@ -132,10 +133,10 @@ mod tests {
 
     #[test]
     fn state_leads_at_the_defaults_and_route_at_a_large_max_batch() {
-        // dp_size 8, max_batch 1024: the state reply (242 bytes per rank at worst).
-        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2189);
-        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2189);
-        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 242);
+        // dp_size 8, max_batch 1024: the state reply (261 bytes per rank at worst).
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2341);
+        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2341);
+        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 261);
         // 65,536 ranks of one byte each (all below 128) outgrow the state of 8.
         let id = longest_id();
         let mut out = Vec::new();

@@ -125,6 +125,8 @@ pub struct RankView {
     pub load: f64,
     /// KV blocks indexed, by medium (only media with blocks).
     pub kv_blocks: std::collections::BTreeMap<&'static str, u64>,
+    /// The block size this rank's KV events use; nil until it stores one.
+    pub kv_block_size: Option<u32>,
 }
 
 /// The engine table as the `state` op and `/state` show it.
@@ -134,7 +136,8 @@ pub struct StateView {
     pub instance: Instance,
     pub policy: &'static str,
     pub ranks: Vec<RankView>,
-    /// The KV block size the index learned; nil until then.
+    /// The KV block size most ranks use (prompts are keyed with it); nil
+    /// until a rank stores a block.
     pub kv_block_size: Option<u32>,
 }
 

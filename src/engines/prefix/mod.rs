@@ -19,10 +19,13 @@ mod approx;
 mod blocks;
 mod holders;
 pub mod keys;
+mod sizes;
 
 pub use self::approx::ApproxIndex;
 use self::blocks::RankBlocks;
 use self::holders::Holders;
+use self::sizes::BlockSizes;
+pub use self::sizes::MAX_SIZES;
 use super::kv::{KvEvent, Medium, Stored};
 
 /// What one batch did to a rank's index: events by outcome, and blocks.
@@ -38,8 +41,8 @@ pub struct Applied {
     pub unknown_parent: u64,
     /// `BlockRemoved` events naming a hash not held (the held ones still go).
     pub unknown_block: u64,
-    /// `BlockStored` events with a wrong token count or block size, or that
-    /// cannot be keyed (token pairs).
+    /// `BlockStored` events with a wrong token count, or a block size other
+    /// than the rank's, or that cannot be keyed (token pairs).
     pub bad_event: u64,
     /// Events of a KV cache group other than the first.
     pub other_group: u64,
@@ -51,8 +54,9 @@ pub struct Applied {
 }
 
 pub struct PrefixIndex {
-    /// Learned from the first `BlockStored`; every later one must match.
-    block_size: Option<u32>,
+    /// Per rank, learned from the first `BlockStored` indexed on it; every
+    /// later one must match until the rank's engine restarts or is gone.
+    sizes: BlockSizes,
     holders: Holders,
     ranks: Vec<RankBlocks>,
     /// `kv_events.max_blocks_per_rank`, all media together.
@@ -63,7 +67,7 @@ pub struct PrefixIndex {
 impl PrefixIndex {
     pub fn new(dp_size: u32, cap: usize) -> Self {
         PrefixIndex {
-            block_size: None,
+            sizes: BlockSizes::new(dp_size),
             holders: Holders::default(),
             ranks: (0..dp_size).map(|_| RankBlocks::default()).collect(),
             cap,
@@ -71,8 +75,21 @@ impl PrefixIndex {
         }
     }
 
+    /// The block size most ranks use: the one prompts are keyed with
+    /// first. `None` until a rank stored a block.
     pub fn block_size(&self) -> Option<u32> {
-        self.block_size
+        self.sizes.in_use().first().copied()
+    }
+
+    /// Rank `rank`'s own block size; `None` until one of its blocks is
+    /// indexed, and again once it is forgotten ([`PrefixIndex::forget`]).
+    pub fn rank_block_size(&self, rank: u32) -> Option<u32> {
+        self.sizes.of(rank)
+    }
+
+    /// The block sizes ranks use, most ranks first, at most [`MAX_SIZES`].
+    pub fn block_sizes(&self) -> &[u32] {
+        self.sizes.in_use()
     }
 
     pub fn set_cap(&mut self, cap: usize) {
@@ -101,9 +118,10 @@ impl PrefixIndex {
     /// Grows or shrinks to `dp_size` ranks; removed ranks' blocks go.
     pub fn resize(&mut self, dp_size: u32) {
         for rank in dp_size..self.ranks.len() as u32 {
-            self.clear(rank);
+            self.forget(rank);
         }
         self.ranks.resize_with(dp_size as usize, RankBlocks::default);
+        self.sizes.resize(dp_size);
     }
 
     /// Applies one batch of events to rank `rank` (in range).
@@ -139,8 +157,10 @@ impl PrefixIndex {
         a
     }
 
+    /// Indexes one `BlockStored` on rank `rank`; only a store indexed here
+    /// teaches the rank its block size (a dropped one changes nothing).
     fn store(&mut self, rank: u32, st: &Stored, a: &mut Applied) {
-        let bs = *self.block_size.get_or_insert(st.block_size);
+        let bs = self.sizes.of(rank).unwrap_or(st.block_size);
         if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
             a.bad_event += 1;
             return;
@@ -168,16 +188,26 @@ impl PrefixIndex {
             }
             a.blocks_stored += 1;
         }
+        if !st.hashes.is_empty() {
+            self.sizes.learn(rank, bs);
+        }
         a.stored += 1;
     }
 
-    /// Empties rank `rank`'s index (every medium).
+    /// Empties rank `rank`'s index (every medium); its engine's block size stays.
     pub fn clear(&mut self, rank: u32) {
         let Some(blocks) = self.ranks.get_mut(rank as usize) else { return };
         for key in blocks.drain_gpu_keys() {
             self.holders.unset(key, rank);
         }
         blocks.clear();
+    }
+
+    /// Empties rank `rank`'s index and forgets its block size: its engine
+    /// restarted or is gone, and the next may use another.
+    pub fn forget(&mut self, rank: u32) {
+        self.clear(rank);
+        self.sizes.forget(rank);
     }
 
     /// Drops rank `rank`'s oldest blocks past the cap: everything older

@@ -132,3 +132,31 @@ fn many_ranks_use_several_words_and_resize_drops_removed_ranks() {
     ix.resize(130);
     assert_eq!(leading(&ix, &PROMPT)[129], 0);
 }
+
+#[test]
+fn the_block_size_is_learned_per_rank_and_only_from_an_applied_store() {
+    let mut ix = PrefixIndex::new(2, 1000);
+    // Dropped stores teach nothing: a wrong token count, an unknown parent.
+    let bad = KvEvent::Stored(Stored { block_size: 999, ..stored_event(&[1], &[1, 2]) });
+    let orphan = KvEvent::Stored(Stored { block_size: 8, parent: Some(5), ..stored_event(&[2], &[0; 8]) });
+    let a = ix.apply(0, &[bad, orphan]);
+    assert_eq!((a.bad_event, a.unknown_parent), (1, 1));
+    assert_eq!((ix.block_size(), ix.rank_block_size(0)), (None, None));
+    // Each rank keeps its own: rank 0 in blocks of 4, rank 1 of 2.
+    let four = KvEvent::Stored(Stored { block_size: 4, ..stored_event(&[10], &[1, 2, 3, 4]) });
+    assert_eq!(ix.apply(0, &[four]).stored, 1);
+    ix.apply(1, &[stored(&[20], None, &[1, 2])]);
+    assert_eq!(ix.apply(1, &[stored(&[21], Some(20), &[3, 4])]).stored, 1, "rank 0's size is not rank 1's");
+    assert_eq!((ix.rank_block_size(0), ix.rank_block_size(1)), (Some(4), Some(2)));
+    assert_eq!(ix.block_sizes(), [4, 2], "one rank each: the lowest rank's first");
+    assert_eq!(leading(&ix, &PROMPT), vec![0, 2]);
+    assert_eq!(ix.apply(0, &[stored(&[11], None, &[1, 2])]).bad_event, 1, "rank 0 stays at 4");
+    // Its blocks cleared, the engine's size stays; forgotten (a restart, the
+    // rank down), it is learned anew: the next engine may use another.
+    ix.apply(0, &[KvEvent::Cleared]);
+    assert_eq!((ix.blocks(0, Medium::Gpu), ix.rank_block_size(0)), (0, Some(4)));
+    ix.forget(0);
+    assert_eq!((ix.rank_block_size(0), ix.block_sizes()), (None, &[2][..]));
+    assert_eq!(ix.apply(0, &[stored(&[11], None, &[1, 2])]).stored, 1);
+    assert_eq!((ix.block_size(), leading(&ix, &PROMPT)), (Some(2), vec![1, 2]));
+}
