@@ -95,9 +95,10 @@ class LocalRouter:
     def block_size_stale(self, refresh_s: float) -> bool:
         """Whether the block size must be asked for before keys are computed: no
         ``state`` seen yet, or the last had none (nil: 16 is used meanwhile) and
-        it is at least ``refresh_s`` old. A learned size is kept: dpcoord never
-        changes it while it runs, and every ``state`` the client sees (a new
-        epoch, an endpoint back) refreshes it anyway."""
+        it is at least ``refresh_s`` old. A learned size is kept: dpcoord's
+        changes only when most ranks' engines come back with another block
+        size, and every ``state`` the client sees (a new epoch, an endpoint
+        back) refreshes it anyway."""
         with self._lock:
             if self.kv_checked_at is None:
                 return True
