@@ -7,6 +7,7 @@ pub mod fds;
 pub mod http;
 pub mod ipc;
 mod links;
+mod niceness;
 mod peer_sources;
 mod peers;
 pub mod probe;

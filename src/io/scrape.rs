@@ -1,16 +1,19 @@
 //! The vLLM `/metrics` scraper: one thread per URL of
 //! `engines.vllm_metrics_url` (the i-th URL is rank i) GETs its URL every
-//! `engines.vllm_metrics_interval_ms` and hands each body to the transport
-//! over an in-process PUSH -> PULL pair as `[rank u32 BE, seq u64 BE, body]`.
+//! `engines.vllm_metrics_interval_ms`, reads the body into the three gauges
+//! dpcoord uses (`wire::read_vllm_metrics`, here, on this thread) and
+//! hands them to the transport over an in-process PUSH -> PULL pair as
+//! `[rank u32 BE, seq u64 BE, gauges]` (36 bytes in all).
 //!
-//! Nothing here decodes a body (`wire::vllm_metrics` does, on the
-//! coordinator's thread) or holds routing state. Each request has its own
-//! overall timeout, so an endpoint that hangs delays only its own rank's
-//! next scrape, never another rank or a route query. A body is capped at
-//! `VLLM_MAX_BODY_BYTES`, and at most one waits per URL on the way to the
-//! transport (a scrape that finds the pipe full is dropped: the next one is
-//! newer). Scrapes that bring no body are counted in
-//! `dpcoord_scrapes_total` here; the coordinator counts those that do.
+//! So the routing thread never parses a body, whatever its size. Each
+//! request has its own overall timeout, so an endpoint that hangs delays
+//! only its own rank's next scrape, never another rank or a route query.
+//! A body is capped at `VLLM_MAX_BODY_BYTES`, and at most one report waits
+//! per URL on the way to the transport (a scrape that finds the pipe full
+//! is dropped: the next one is newer). The threads run at a lower CPU
+//! priority than the routing thread (`io::niceness`). Scrapes that bring no
+//! body or a body that does not read are counted in `dpcoord_scrapes_total`
+//! here; the coordinator counts those that reach it.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
@@ -20,7 +23,7 @@ use super::sockets::{sock_err, TransportError};
 use crate::config::Server;
 use crate::observability::metrics::{ScrapeResult, Scrapes};
 use crate::observability::ratelimit::LogLimiter;
-use crate::wire::VLLM_MAX_BODY_BYTES;
+use crate::wire::{read_vllm_metrics, VllmGauges, VLLM_MAX_BODY_BYTES};
 
 /// Where the transport's PULL is bound.
 pub const ENDPOINT: &str = "inproc://dpcoord.vllm-metrics";
@@ -88,6 +91,7 @@ fn fetch(agent: &ureq::Agent, url: &str) -> Result<Vec<u8>, Failure> {
 
 impl Target {
     fn run(mut self, stop: mpsc::Receiver<()>) {
+        super::niceness::lower_this_thread();
         let mut next = Instant::now();
         loop {
             self.scrape();
@@ -101,8 +105,10 @@ impl Target {
     }
 
     fn scrape(&mut self) {
-        match fetch(&self.agent, &self.url) {
-            Ok(body) => self.send(body),
+        let read = fetch(&self.agent, &self.url)
+            .and_then(|body| read_vllm_metrics(&body).map_err(|e| (ScrapeResult::Malformed, e.to_string())));
+        match read {
+            Ok(gauges) => self.send(gauges),
             Err((result, why)) => {
                 self.scrapes.count(result);
                 let cause = ScrapeResult::ALL.iter().position(|r| *r == result).unwrap_or(0);
@@ -111,9 +117,9 @@ impl Target {
         }
     }
 
-    fn send(&mut self, body: Vec<u8>) {
+    fn send(&mut self, gauges: VllmGauges) {
         let seq = self.sent + 1;
-        let frames = [self.rank.to_be_bytes().to_vec(), seq.to_be_bytes().to_vec(), body];
+        let frames = [&self.rank.to_be_bytes()[..], &seq.to_be_bytes()[..], &gauges.to_frame()[..]];
         match self.push.send_multipart(frames, zmq::DONTWAIT) {
             Ok(()) => self.sent = seq,
             Err(e) => self.warn(CAUSES - 1, "dropped", &format!("the transport is not reading: {e}")),

@@ -30,7 +30,10 @@ pub use reply::{
 pub use sglang::{decode_sglang_load, SglangError};
 pub use source::{decode_source, SourceError, SourceKind, SourceLimits};
 pub use stats::{decode_stats, StatsError};
-pub use vllm_metrics::{decode_vllm_metrics, VllmMetricsError, MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES};
+pub use vllm_metrics::{
+    decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics, VllmGauges, VllmMetricsError,
+    MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES,
+};
 
 use crate::engines::Unroutable;
 

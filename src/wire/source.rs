@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::kv_events::{decode_kv_message, KvFrameError};
 use super::sglang::{decode_sglang_load, SglangError};
 use super::stats::{decode_stats, StatsError};
-use super::vllm_metrics::{self, decode_vllm_metrics, VllmMetricsError};
+use super::vllm_metrics::{self, decode_vllm_gauges, VllmMetricsError};
 use crate::engines::EngineEvent;
 
 /// The wire format of one engine source.
@@ -24,7 +24,8 @@ pub enum SourceKind {
     /// the endpoint of rank `rank` (the i-th of `engines.sglang_load_connect`
     /// is rank i): a `LoadStat` naming another rank is refused.
     SglangLoad { rank: u32 },
-    /// vLLM's `/metrics`, scraped every `interval`: `[rank, seq, body]`.
+    /// vLLM's `/metrics`, scraped and read every `interval` by the
+    /// scraper: `[rank, seq, gauges]`.
     VllmMetrics { interval: Duration },
     /// KV-cache events of publisher `stream` (its place in
     /// `kv_events.connect`): `[topic, seq, batch]`, or from its replay
@@ -61,12 +62,12 @@ impl SourceKind {
     }
 
     /// The largest message of this kind, all frames together: the
-    /// configured limit, or a scraped body's own cap. A KV message within
+    /// configured limit, or the scraper's fixed size. A KV message within
     /// it whose batch alone is above `kv_batch` still counts its `seq`.
     pub fn max_bytes(self, limits: &SourceLimits) -> usize {
         match self {
             SourceKind::Stats | SourceKind::SglangLoad { .. } => limits.message,
-            SourceKind::VllmMetrics { .. } => vllm_metrics::MAX_BODY_BYTES + vllm_metrics::HEADER_BYTES,
+            SourceKind::VllmMetrics { .. } => vllm_metrics::GAUGES_BYTES + vllm_metrics::HEADER_BYTES,
             SourceKind::KvEvents { .. } => limits.kv_batch.saturating_mul(2).saturating_add(KV_FRAMES_BYTES),
         }
     }
@@ -139,8 +140,8 @@ pub fn decode_source<F: Deref<Target = [u8]>>(
             Ok(EngineEvent::Load(report))
         }
         (SourceKind::SglangLoad { .. }, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
-        (SourceKind::VllmMetrics { interval }, [rank, seq, body]) => {
-            decode_vllm_metrics(rank, seq, body, interval).map(EngineEvent::Load).map_err(SourceError::VllmMetrics)
+        (SourceKind::VllmMetrics { interval }, [rank, seq, gauges]) => {
+            decode_vllm_gauges(rank, seq, gauges, interval).map(EngineEvent::Load).map_err(SourceError::VllmMetrics)
         }
         (SourceKind::VllmMetrics { .. }, _) => Err(SourceError::Frames { got: frames.len(), want: 3 }),
         (SourceKind::KvEvents { stream, replay }, _) => {
@@ -196,15 +197,20 @@ mod tests {
     }
 
     #[test]
-    fn a_scraped_body_has_its_own_size_limit() {
+    fn the_coordinator_gets_the_scrapers_gauges_never_a_body() {
         let kind = SourceKind::VllmMetrics { interval: std::time::Duration::from_millis(250) };
         let body = format!("# {}\nvllm:num_requests_waiting 1\nvllm:num_requests_running 2\n", "p".repeat(70_000));
-        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], body.as_bytes()];
+        let gauges = crate::wire::read_vllm_metrics(body.as_bytes()).unwrap().to_frame();
+        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], &gauges[..]];
         let Ok(EngineEvent::Load(r)) = decode_source(kind, Some(&frames[..]), &lim(65_536)) else { panic!("refused") };
-        assert_eq!((r.rank, r.counts.waiting, r.counts.running), (7, 1, 2));
-        let big = vec![b'#'; vllm_metrics::MAX_BODY_BYTES + 1];
-        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], &big[..]];
+        assert_eq!((r.rank, r.counts.waiting, r.counts.running, r.kv_usage), (7, 1, 2, None));
+        let frames = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], body.as_bytes()];
         assert!(matches!(decode_source(kind, Some(&frames[..]), &lim(65_536)), Err(SourceError::TooLarge { .. })));
+        let short = [&7u32.to_be_bytes()[..], &1u64.to_be_bytes()[..], &gauges[..23]];
+        assert_eq!(
+            decode_source(kind, Some(&short[..]), &lim(65_536)),
+            Err(SourceError::VllmMetrics(VllmMetricsError::Gauges(23)))
+        );
         assert_eq!(decode_source(kind, Some(&frames[..1]), &lim(65_536)), Err(SourceError::Frames { got: 1, want: 3 }));
     }
 }

@@ -1,10 +1,14 @@
 //! vLLM's Prometheus `/metrics` (one API server per rank, external load
-//! balancing), decoded into a gauge-only load report.
+//! balancing), read into the three gauges dpcoord uses and then into a
+//! gauge-only load report.
 //!
-//! The scraper (`io::scrape`) sends each body it fetched as three frames:
-//! the rank (4 bytes, big-endian: the URL's place in
+//! The scraper (`io::scrape`) reads each body on its own thread
+//! ([`read_vllm_metrics`]) and sends the coordinator three frames: the
+//! rank (4 bytes, big-endian: the URL's place in
 //! `engines.vllm_metrics_url`), its scrape counter (8 bytes, big-endian,
-//! from 1, rising by one per body sent) and the body. vLLM's
+//! from 1, rising by one per body read) and the gauges
+//! ([`VllmGauges::to_frame`], 24 bytes), which [`decode_vllm_gauges`]
+//! turns into a report. The routing thread never sees a body. vLLM's
 //! `PrometheusStatLogger` (vllm/v1/metrics/loggers.py) exports the gauges
 //! read here with the labels `model_name` and `engine`; where a server
 //! runs several engines, their series are summed (the KV usage is their
@@ -15,10 +19,21 @@ use std::time::Duration;
 
 use crate::engines::{Counts, LoadReport, Sequence};
 
-/// The most of a body the scraper reads (a larger one is refused there).
-pub const MAX_BODY_BYTES: usize = 4 << 20;
-/// The rank and the scrape counter ahead of the body.
+/// The most of a body the scraper reads (a larger one is refused there,
+/// counted `too_large`). vLLM 0.33 renders about 55 KB per engine with
+/// every family it has (442,511 B for 8 engines, 4 LoRAs, the hidden and
+/// KV-cache families, a 128k context; 56,702 B for one engine): 1 MiB is 2.37x the 8-engine
+/// body, about 18 engines behind one server (docs/engines.md).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Samples of the three gauges together that a body may carry: one per
+/// engine each, and a server has at most `engines.dp_size` (1,024) engines.
+/// Past it the body is refused before the samples are parsed.
+pub const MAX_SAMPLES: usize = 3 * 1024;
+/// The rank and the scrape counter ahead of the gauges.
 pub const HEADER_BYTES: usize = 4 + 8;
+/// The gauges frame: waiting and running (u64 BE), the KV usage (f64 BE
+/// bits, NaN for none).
+pub const GAUGES_BYTES: usize = 24;
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
@@ -40,6 +55,11 @@ pub enum VllmMetricsError {
     },
     /// The body has no sample of `name`.
     Missing(&'static str),
+    /// More samples of the gauges than [`MAX_SAMPLES`].
+    TooManySamples,
+    /// The gauges frame is not [`GAUGES_BYTES`] long, or its KV usage is
+    /// not in [0, 1].
+    Gauges(usize),
 }
 
 impl fmt::Display for VllmMetricsError {
@@ -51,31 +71,46 @@ impl fmt::Display for VllmMetricsError {
             VllmMetricsError::Syntax => write!(f, "vLLM metrics: the body is not the Prometheus text format"),
             VllmMetricsError::Value { name, value } => write!(f, "vLLM metrics: `{name}` is {value}, out of range"),
             VllmMetricsError::Missing(name) => write!(f, "vLLM metrics: no `{name}` in the body (not a vLLM server?)"),
+            VllmMetricsError::TooManySamples => {
+                write!(f, "vLLM metrics: more than {MAX_SAMPLES} samples of the gauges dpcoord reads")
+            }
+            VllmMetricsError::Gauges(n) => write!(f, "vLLM metrics: a gauges frame of {n} bytes, or out of range"),
         }
     }
 }
 
-/// Whether `line` is a sample, `# HELP` or `# TYPE` line of a gauge read here.
-fn wanted(line: &str) -> bool {
+/// Whether `line` is a sample (`Some(true)`), `# HELP` or `# TYPE` line
+/// (`Some(false)`) of a gauge read here.
+fn wanted(line: &str) -> Option<bool> {
     let line = line.trim_start();
-    let name = match line.strip_prefix('#') {
+    let (name, sample) = match line.strip_prefix('#') {
         Some(comment) => {
             let mut words = comment.split_ascii_whitespace();
             match words.next() {
-                Some("HELP" | "TYPE") => words.next().unwrap_or(""),
-                _ => return false,
+                Some("HELP" | "TYPE") => (words.next().unwrap_or(""), false),
+                _ => return None,
             }
         }
-        None => line.split(|c: char| c == '{' || c.is_ascii_whitespace()).next().unwrap_or(""),
+        None => (line.split(|c: char| c == '{' || c.is_ascii_whitespace()).next().unwrap_or(""), true),
     };
-    GAUGES.contains(&name)
+    GAUGES.contains(&name).then_some(sample)
 }
 
 /// Per gauge, the sum of its samples and their count.
 fn sums(body: &str) -> Result<[(f64, u32); 3], VllmMetricsError> {
-    // Only the lines of the three gauges are parsed: a body is ~45 KiB of
-    // which they are six lines, and this runs on the coordinator's thread.
-    let text: String = body.lines().filter(|l| wanted(l)).flat_map(|l| [l, "\n"]).collect();
+    // Only the lines of the three gauges are parsed: a body is ~55 KB per
+    // engine of which they are six lines per engine.
+    let mut text = String::new();
+    let mut samples = 0;
+    for line in body.lines() {
+        let Some(sample) = wanted(line) else { continue };
+        samples += usize::from(sample);
+        if samples > MAX_SAMPLES {
+            return Err(VllmMetricsError::TooManySamples);
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
     let mut got = [(0.0, 0); 3];
     if text.is_empty() {
         return Ok(got);
@@ -108,30 +143,94 @@ fn count(name: &'static str, (sum, n): (f64, u32)) -> Result<u64, VllmMetricsErr
     }
 }
 
-/// Decodes one scrape (its three frames) into a report of its rank;
-/// `heartbeat` is the scrape interval.
+/// What dpcoord reads of one body: the requests waiting and running
+/// (summed over engines) and the KV usage (their mean, at most 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VllmGauges {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_usage: Option<f64>,
+}
+
+impl VllmGauges {
+    /// The frame the scraper sends the coordinator.
+    pub fn to_frame(&self) -> [u8; GAUGES_BYTES] {
+        let mut out = [0; GAUGES_BYTES];
+        out[..8].copy_from_slice(&self.waiting.to_be_bytes());
+        out[8..16].copy_from_slice(&self.running.to_be_bytes());
+        out[16..].copy_from_slice(&self.kv_usage.unwrap_or(f64::NAN).to_bits().to_be_bytes());
+        out
+    }
+
+    fn from_frame(frame: &[u8]) -> Result<VllmGauges, VllmMetricsError> {
+        let bad = VllmMetricsError::Gauges(frame.len());
+        let frame: &[u8; GAUGES_BYTES] = frame.try_into().map_err(|_| bad)?;
+        let word = |i: usize| u64::from_be_bytes(frame[i..i + 8].try_into().unwrap_or_default());
+        let kv = f64::from_bits(word(16));
+        let kv_usage = match kv {
+            _ if kv.is_nan() => None,
+            _ if (0.0..=1.0).contains(&kv) => Some(kv),
+            _ => return Err(bad),
+        };
+        Ok(VllmGauges { waiting: word(0), running: word(8), kv_usage })
+    }
+}
+
+/// Reads a `/metrics` body: the scraper's work, on its own thread.
+pub fn read_vllm_metrics(body: &[u8]) -> Result<VllmGauges, VllmMetricsError> {
+    let body = std::str::from_utf8(body).map_err(|_| VllmMetricsError::NotUtf8)?;
+    let [waiting, running, (kv, engines)] = sums(body)?;
+    Ok(VllmGauges {
+        waiting: count(WAITING, waiting)?,
+        running: count(RUNNING, running)?,
+        kv_usage: (engines > 0).then(|| (kv / f64::from(engines)).min(1.0)),
+    })
+}
+
+/// The rank (4 bytes BE) and the scrape counter (8 bytes BE).
+fn header(rank: &[u8], seq: &[u8]) -> Result<(u32, u64), VllmMetricsError> {
+    let rank: [u8; 4] = rank.try_into().map_err(|_| VllmMetricsError::RankBytes(rank.len()))?;
+    let seq: [u8; 8] = seq.try_into().map_err(|_| VllmMetricsError::SeqBytes(seq.len()))?;
+    Ok((u32::from_be_bytes(rank), u64::from_be_bytes(seq)))
+}
+
+/// The report of `rank` at scrape `seq`; `heartbeat` is the scrape interval.
+fn report((rank, seq): (u32, u64), g: VllmGauges, heartbeat: Duration) -> LoadReport {
+    LoadReport {
+        rank: rank.into(),
+        sequence: Sequence::Restarting { seq },
+        counts: Counts { waiting: g.waiting, running: g.running, ..Counts::default() },
+        cumulative: false,
+        heartbeat,
+        tokens: None,
+        kv_usage: g.kv_usage,
+        ttft_ms: None,
+        tpot_ms: None,
+    }
+}
+
+/// Decodes the scraper's three frames (rank, seq, gauges) into a report:
+/// the coordinator's side, a few dozen bytes whatever the body was.
+pub fn decode_vllm_gauges(
+    rank: &[u8],
+    seq: &[u8],
+    gauges: &[u8],
+    heartbeat: Duration,
+) -> Result<LoadReport, VllmMetricsError> {
+    let header = header(rank, seq)?;
+    Ok(report(header, VllmGauges::from_frame(gauges)?, heartbeat))
+}
+
+/// Reads a whole body into a report, as the scraper and the coordinator
+/// do together (tests and the fuzz target).
 pub fn decode_vllm_metrics(
     rank: &[u8],
     seq: &[u8],
     body: &[u8],
     heartbeat: Duration,
 ) -> Result<LoadReport, VllmMetricsError> {
-    let rank: [u8; 4] = rank.try_into().map_err(|_| VllmMetricsError::RankBytes(rank.len()))?;
-    let seq: [u8; 8] = seq.try_into().map_err(|_| VllmMetricsError::SeqBytes(seq.len()))?;
-    let body = std::str::from_utf8(body).map_err(|_| VllmMetricsError::NotUtf8)?;
-    let [waiting, running, (kv, engines)] = sums(body)?;
-    let kv_usage = (engines > 0).then(|| (kv / f64::from(engines)).min(1.0));
-    Ok(LoadReport {
-        rank: u32::from_be_bytes(rank).into(),
-        sequence: Sequence::Restarting { seq: u64::from_be_bytes(seq) },
-        counts: Counts { waiting: count(WAITING, waiting)?, running: count(RUNNING, running)?, ..Counts::default() },
-        cumulative: false,
-        heartbeat,
-        tokens: None,
-        kv_usage,
-        ttft_ms: None,
-        tpot_ms: None,
-    })
+    let header = header(rank, seq)?;
+    Ok(report(header, read_vllm_metrics(body)?, heartbeat))
 }
 
 #[cfg(test)]

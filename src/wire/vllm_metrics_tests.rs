@@ -65,3 +65,25 @@ fn kv_usage_is_capped_at_one() {
     let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 1.2\n";
     assert_eq!(decode(0, 1, body).unwrap().kv_usage, Some(1.0));
 }
+
+#[test]
+fn the_gauges_frame_carries_what_the_body_said() {
+    for body in [RANK3, TWO_ENGINES, "vllm:num_requests_waiting 0\nvllm:num_requests_running 3\n"] {
+        let g = read_vllm_metrics(body.as_bytes()).unwrap();
+        let r = decode_vllm_gauges(&3u32.to_be_bytes(), &9u64.to_be_bytes(), &g.to_frame(), BEAT).unwrap();
+        assert_eq!(r, decode(3, 9, body).unwrap());
+    }
+    let mut frame = VllmGauges { waiting: 1, running: 2, kv_usage: Some(0.5) }.to_frame();
+    frame[16..].copy_from_slice(&1.5f64.to_bits().to_be_bytes());
+    assert_eq!(decode_vllm_gauges(&[0; 4], &[0; 8], &frame, BEAT), Err(VllmMetricsError::Gauges(24)));
+    assert_eq!(decode_vllm_gauges(&[0; 4], &[0; 8], &frame[..8], BEAT), Err(VllmMetricsError::Gauges(8)));
+}
+
+#[test]
+fn a_body_with_more_gauge_samples_than_any_server_has_engines_is_refused() {
+    let sample = |i: usize| format!("vllm:num_requests_waiting{{engine=\"{i}\"}} 1\n");
+    let at_cap: String = (0..MAX_SAMPLES - 1).map(sample).collect::<String>() + "vllm:num_requests_running 1\n";
+    assert_eq!(decode(0, 1, &at_cap).unwrap().counts.waiting, MAX_SAMPLES as u64 - 1);
+    let over = at_cap + &sample(MAX_SAMPLES);
+    assert_eq!(decode(0, 1, &over), Err(VllmMetricsError::TooManySamples));
+}
