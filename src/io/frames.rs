@@ -107,6 +107,15 @@ impl Frames {
         (self.total <= KEPT).then(|| &self.frames[..self.total])
     }
 
+    /// Takes the frames of the message just received, for another thread
+    /// (`None` when it had more than are kept); fresh ones take their place.
+    pub fn take_whole(&mut self) -> Option<Vec<zmq::Message>> {
+        let total = self.total;
+        self.total = 0;
+        (total <= KEPT)
+            .then(|| self.frames[..total].iter_mut().map(|m| std::mem::replace(m, zmq::Message::new())).collect())
+    }
+
     /// Splits a query at the first empty frame after the identity (REQ, or
     /// DEALER with a delimiter), after checking the envelope's bounds;
     /// without a delimiter, the envelope is the identity alone (which

@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod fds;
 pub mod http;
 pub mod ipc;
+mod kv_decode;
 mod links;
 mod niceness;
 mod peer_sources;

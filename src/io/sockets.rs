@@ -71,6 +71,8 @@ pub enum TransportError {
     Thread(std::io::Error),
     #[error("cannot start a scraper thread: {0}")]
     ScrapeThread(std::io::Error),
+    #[error("cannot start the KV decoder thread: {0}")]
+    DecodeThread(std::io::Error),
     #[error("zeromq error on the {socket} socket: {source}")]
     Socket { socket: &'static str, source: zmq::Error },
     #[error(transparent)]

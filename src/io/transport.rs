@@ -4,12 +4,16 @@
 //! sockets, the ZAP handler, the bound sockets' connection monitors and the
 //! connecting sources' link events; it hands each source message (all its
 //! frames) and each query to the coordinator, and sends the reply back
-//! along the request's envelope. There is no routing logic here.
+//! along the request's envelope. KV messages go to the KV decoder's thread
+//! first (`io::kv_decode`), and what they change in the prefix index is
+//! applied [`KV_BUDGET`] at a time per poll round. There is no routing
+//! logic here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::fds::Budget;
+use super::kv_decode::{self, KvDecoder};
 use super::links::{Link, Relinks};
 use super::peers::{Monitor, Peers};
 use super::sockets::{sock_err, Sockets, Source, TransportError};
@@ -21,8 +25,11 @@ use frames::{Drops, Frames, Parsed};
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
 const BATCH: usize = 256;
-/// Work on one KV source per poll round before the other sockets are served.
+/// Work on the prefix index per poll round (KV batches taken and applied)
+/// before the sockets are served again.
 const KV_BUDGET: Duration = Duration::from_micros(200);
+/// Blocks applied between two looks at the clock: tens of microseconds.
+const KV_SLICE: usize = 64;
 /// Longest poll wait, which bounds how fast a stop request is seen.
 const MAX_WAIT: Duration = Duration::from_millis(50);
 /// On stop, queries are answered until the query sockets have been quiet
@@ -78,22 +85,60 @@ struct Queries<'a> {
 }
 
 /// Reads a source until EAGAIN; `true` when the batch limit stopped it
-/// first. A KV event batch can hold thousands of blocks, so KV sources
-/// also stop after [`KV_BUDGET`] of work, and queries are served between.
-fn drain_source(src: &Source, q: &mut Queries<'_>) -> Result<bool, zmq::Error> {
+/// first. A KV source's messages go to the decoder, and it stops early
+/// (`false`, marked blocked) while the decoder's queue is full.
+fn drain_source(src: &Source, q: &mut Queries<'_>, kv: &mut Option<Kv>) -> Result<bool, zmq::Error> {
     let Queries { frames: f, coord, .. } = q;
-    let started = Instant::now();
-    let budgeted = matches!(src.kind, SourceKind::KvEvents { .. });
+    let decoder = match (src.kind, kv) {
+        (SourceKind::KvEvents { .. }, Some(kv)) => Some(kv),
+        _ => None,
+    };
+    if let Some(kv) = decoder {
+        for _ in 0..BATCH {
+            if !kv.decoder.has_room() {
+                kv.blocked = true;
+                return Ok(false);
+            }
+            if !f.recv(&src.socket)? {
+                return Ok(false);
+            }
+            kv.decoder.send(src.kind, f.take_whole(), coord.source_limits());
+        }
+        return Ok(true);
+    }
     for _ in 0..BATCH {
         if !f.recv(&src.socket)? {
             return Ok(false);
         }
-        coord.on_source(src.kind, f.whole(), Instant::now());
-        if budgeted && started.elapsed() >= KV_BUDGET {
-            return Ok(true);
-        }
+        coord.receive(src.kind, f.whole(), Instant::now());
     }
     Ok(true)
+}
+
+/// The KV decoder, and whether the KV sockets wait for room in its queue
+/// (left out of the poll until then).
+struct Kv {
+    decoder: KvDecoder,
+    blocked: bool,
+}
+
+impl Kv {
+    /// Takes decoded KV messages and applies what they change, for at most
+    /// [`KV_BUDGET`]: a new message only once the last is applied, so the
+    /// coordinator holds one batch at a time.
+    fn work(&mut self, coord: &mut Coordinator) {
+        let started = Instant::now();
+        loop {
+            if !coord.kv_pending() {
+                let Some(d) = self.decoder.take() else { return };
+                coord.on_decoded(d.kind, d.event, Instant::now());
+            }
+            coord.apply_kv(KV_SLICE);
+            if started.elapsed() >= KV_BUDGET {
+                return;
+            }
+        }
+    }
 }
 
 /// Answers queries until EAGAIN; `true` when `limit` stopped it first.
@@ -160,12 +205,18 @@ impl Polled<'_> {
     }
 
     /// Serves what is waiting; `true` when the batch limit stopped it first.
-    fn drain(&self, q: &mut Queries<'_>, gate: &mut Gate<'_>, relinks: &mut Relinks) -> Result<bool, TransportError> {
+    fn drain(
+        &self,
+        q: &mut Queries<'_>,
+        gate: &mut Gate<'_>,
+        relinks: &mut Relinks,
+        kv: &mut Option<Kv>,
+    ) -> Result<bool, TransportError> {
         let served = match *self {
             Polled::Monitor(i, _) => gate.count(i, q.coord),
             Polled::Link(i, l) => relinks.drain(i, &l.monitor, Instant::now()),
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
-            Polled::Source(src) => drain_source(src, q),
+            Polled::Source(src) => drain_source(src, q, kv),
             Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
         };
         served.map_err(sock_err(self.name()))
@@ -198,10 +249,22 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
         .chain(sources.iter().map(Polled::Source))
         .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
         .collect();
-    let mut items = Vec::with_capacity(polled.len());
+    let mut items = Vec::with_capacity(polled.len() + 1);
     for p in &polled {
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
+    let kv_sources: Vec<usize> = (0..polled.len())
+        .filter(|&i| matches!(&polled[i], Polled::Source(s) if matches!(s.kind, SourceKind::KvEvents { .. })))
+        .collect();
+    let mut kv = match kv_sources.is_empty() {
+        true => None,
+        false => {
+            let bound = kv_decode::queue_bytes(coord.source_limits().kv_batch);
+            let decoder = KvDecoder::start(bound).map_err(TransportError::DecodeThread)?;
+            items.push(zmq::PollItem::from_fd(decoder.bell_fd(), zmq::POLLIN));
+            Some(Kv { decoder, blocked: false })
+        }
+    };
     let drops = Drops::new(&coord.metrics().registry);
     let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
     let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
@@ -220,7 +283,8 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
             coord.tick(now);
         }
         let wake = relinks.next_due().map_or(coord.next_tick(), |due| due.min(coord.next_tick()));
-        let wait = match unfinished.contains(&true) {
+        let kv_busy = kv.as_mut().is_some_and(|kv| coord.kv_pending() || kv.decoder.has_ready());
+        let wait = match unfinished.contains(&true) || kv_busy {
             true => 0,
             false => wake.saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
         };
@@ -234,7 +298,26 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
         let timed_out = wait > 0 && !signalled;
         for (i, p) in polled.iter().enumerate() {
             if unfinished[i] || timed_out || items[i].is_readable() {
-                unfinished[i] = p.drain(&mut q, &mut gate, &mut relinks)?;
+                unfinished[i] = p.drain(&mut q, &mut gate, &mut relinks, &mut kv)?;
+            }
+        }
+        if let Some(kv) = &mut kv {
+            if items[polled.len()].is_readable() {
+                kv.decoder.quiet();
+            }
+            let was_blocked = kv.blocked;
+            kv.work(q.coord);
+            // Blocked KV sockets leave the poll (their descriptor would wake
+            // it at once) until the queue has room; then they are read.
+            if kv.blocked && kv.decoder.has_room() {
+                kv.blocked = false;
+            }
+            if kv.blocked != was_blocked || kv.blocked {
+                let events = if kv.blocked { zmq::PollEvents::empty() } else { zmq::POLLIN };
+                for &i in &kv_sources {
+                    items[i].set_events(events);
+                    unfinished[i] |= !kv.blocked;
+                }
             }
         }
         relinks.reconnect_due(links, sources, Instant::now());

@@ -170,27 +170,64 @@ impl Coordinator {
     }
 
     /// One message from an engine source: every frame, or `None` when it
-    /// had more frames than the transport keeps.
+    /// had more frames than the transport keeps; applied whole.
     pub fn on_source<F: Deref<Target = [u8]>>(&mut self, kind: SourceKind, frames: Option<&[F]>, now: Instant) {
+        self.receive(kind, frames, now);
+        self.kv.finish();
+    }
+
+    /// As [`Coordinator::on_source`], but what a KV batch changes stays
+    /// queued for [`Coordinator::apply_kv`] (the transport's way: a stats
+    /// update must not wait for a batch to be applied whole).
+    pub fn receive<F: Deref<Target = [u8]>>(&mut self, kind: SourceKind, frames: Option<&[F]>, now: Instant) {
         let decoded = wire::decode_source(kind, frames, &self.sources);
+        self.on_decoded(kind, decoded, now);
+    }
+
+    /// The limits a source message is decoded with (`wire::decode_source`),
+    /// for a decoder on another thread.
+    pub fn source_limits(&self) -> SourceLimits {
+        self.sources
+    }
+
+    /// One source message decoded elsewhere. What a KV batch changes in the
+    /// prefix index is queued: [`Coordinator::apply_kv`] applies it.
+    pub fn on_decoded(&mut self, kind: SourceKind, decoded: Result<EngineEvent, wire::SourceError>, now: Instant) {
         if let SourceKind::VllmMetrics { .. } = kind {
-            // The scraper counts the scrapes that brought no body.
+            // The scraper counts the scrapes that brought no gauges.
             self.metrics.scrapes.count(if decoded.is_ok() { ScrapeResult::Ok } else { ScrapeResult::Malformed });
         }
         match (decoded, kind) {
-            (Ok(event), _) => self.on_event(event, now),
+            (Ok(event), _) => self.accept(event, now),
             (Err(e), SourceKind::KvEvents { .. }) => self.kv.drop_batch(BatchResult::Malformed, &e.to_string(), now),
             (Err(e @ SourceError::WrongRank { .. }), _) => self.dropped(StatsResult::WrongRank, &e, now),
             (Err(e), _) => self.dropped(StatsResult::Malformed, &e, now),
         }
     }
 
-    /// One decoded engine event.
+    /// Whether KV changes are waiting for [`Coordinator::apply_kv`].
+    pub fn kv_pending(&self) -> bool {
+        self.kv.pending()
+    }
+
+    /// Applies queued KV changes, in order, touching at most `blocks`
+    /// blocks; returns how many it touched.
+    pub fn apply_kv(&mut self, blocks: usize) -> usize {
+        self.kv.work(blocks)
+    }
+
+    /// One decoded engine event, applied whole.
     pub fn on_event(&mut self, event: EngineEvent, now: Instant) {
+        self.accept(event, now);
+        self.kv.finish();
+    }
+
+    fn accept(&mut self, event: EngineEvent, now: Instant) {
         match event {
             EngineEvent::Load(report) => match self.engines.apply(&report, now) {
                 Ok(accepted) => {
-                    if accepted.restarted && self.kv.index().holds_any(accepted.rank) {
+                    // A batch still queued for the rank is from before the restart too.
+                    if accepted.restarted && self.kv.holds_or_queued(accepted.rank) {
                         self.kv.reset(Some(accepted.rank), ResetCause::Restart);
                     }
                     self.user.on_report(&accepted, &self.engines, now);
@@ -201,7 +238,7 @@ impl Coordinator {
                 }
                 Err(reject) => self.dropped(reject_result(&reject), &reject, now),
             },
-            EngineEvent::Kv(msg) => self.kv.on_message(msg, now),
+            EngineEvent::Kv(msg) => self.kv.accept(msg, now),
         }
     }
 

@@ -4,13 +4,20 @@
 //!
 //! The coordinator owns this; it does no I/O either: a replay to ask for
 //! is queued here and sent by the transport (`take_asks`).
+//!
+//! What changes the index (a batch to apply, a rank to clear) is queued in
+//! the order it was decided and carried out a slice at a time
+//! ([`KvStreams::work`]): the transport gives it a budget per poll round,
+//! so a batch of any size delays a query by one slice. `seq`, gap and
+//! replay decisions are taken when a message arrives, as before; only the
+//! index lags, by the queue.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::config::{KvEndpoint, KvSettings};
-use crate::engines::kv::{KvBatch, KvBody, KvMessage, Medium};
-use crate::engines::prefix::PrefixIndex;
+use crate::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium};
+use crate::engines::prefix::{PrefixIndex, Progress};
 use crate::engines::{EngineTable, Status};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ReplayResult, ResetCause};
 use crate::observability::ratelimit::LogLimiter;
@@ -25,6 +32,15 @@ const MAX_BUFFERED: usize = 1000;
 const MAX_BUFFERED_BYTES: usize = 32 << 20;
 
 type Payload = Result<KvBatch, String>;
+
+/// A change of the index waiting its turn, and how far it got.
+enum Op {
+    Apply { rank: u32, events: Vec<KvEvent>, at: Progress },
+    Reset { rank: u32, cause: ResetCause, at: Progress },
+}
+
+/// A rank's reset is applied as this batch.
+const CLEAR: &[KvEvent] = &[KvEvent::Cleared];
 
 struct Replay {
     /// The `seq` the replay must deliver next.
@@ -67,6 +83,8 @@ pub(super) struct KvStreams {
     buffered_bytes: usize,
     /// Ranks a publisher has sent a batch for (their index is event-fed).
     with_events: Vec<bool>,
+    /// Changes of the index not yet (wholly) applied, oldest first.
+    ops: VecDeque<Op>,
     metrics: KvMetrics,
     log: LogLimiter<1>,
 }
@@ -80,6 +98,7 @@ impl KvStreams {
             asks: Vec::new(),
             buffered_bytes: 0,
             with_events: vec![false; dp_size as usize],
+            ops: VecDeque::new(),
             metrics,
             log: LogLimiter::default(),
         }
@@ -87,6 +106,7 @@ impl KvStreams {
 
     /// The publishers, in `kv_events.connect` order (a message's `stream`).
     pub fn set_endpoints(&mut self, endpoints: &[KvEndpoint]) {
+        self.finish();
         self.streams = endpoints
             .iter()
             .map(|e| Stream { hint: e.rank, can_replay: e.replay.is_some(), rank: None, next: None, replay: None })
@@ -108,7 +128,10 @@ impl KvStreams {
         self.with_events.get(rank as usize).copied().unwrap_or(false)
     }
 
+    /// Grows or shrinks to `dp_size` ranks; what is queued is applied
+    /// first (a resize is an operator's rare act).
     pub fn resize(&mut self, dp_size: u32) {
+        self.finish();
         self.with_events.resize(dp_size as usize, false);
         self.index.resize(dp_size);
         self.metrics.resize(dp_size);
@@ -119,7 +142,16 @@ impl KvStreams {
         out.append(&mut self.asks);
     }
 
+    /// Takes one message and applies what it changes, whole.
+    #[cfg(test)]
     pub fn on_message(&mut self, msg: KvMessage, now: Instant) {
+        self.accept(msg, now);
+        self.finish();
+    }
+
+    /// Takes one message: `seq`, gaps and replays are decided now, what it
+    /// changes in the index is queued for [`KvStreams::work`].
+    pub fn accept(&mut self, msg: KvMessage, now: Instant) {
         let s = usize::from(msg.stream);
         if s >= self.streams.len() {
             return;
@@ -268,12 +300,59 @@ impl KvStreams {
         }
         self.streams[s].rank = Some(rank);
         self.with_events[rank as usize] = true;
-        let a = self.index.apply(rank, &batch.events);
-        self.metrics.applied(rank, &a);
-        for _ in 0..a.cleared {
-            self.metrics.reset(rank, ResetCause::Cleared);
+        self.ops.push_back(Op::Apply { rank, events: batch.events, at: Progress::default() });
+    }
+
+    /// Whether a change of the index is waiting.
+    pub fn pending(&self) -> bool {
+        !self.ops.is_empty()
+    }
+
+    /// Applies what is queued, in order, touching at most `budget` blocks
+    /// (at least one step); returns the blocks touched. A batch's outcome
+    /// is counted once it is whole.
+    pub fn work(&mut self, budget: usize) -> usize {
+        let mut used = 0;
+        while used < budget {
+            let Some(op) = self.ops.front_mut() else { break };
+            let (rank, events, at) = match op {
+                Op::Apply { rank, events, at } => (*rank, &events[..], at),
+                Op::Reset { rank, at, .. } => (*rank, CLEAR, at),
+            };
+            if rank >= self.index.dp_size() {
+                self.ops.pop_front();
+                continue;
+            }
+            let (n, done) = self.index.apply_some(rank, events, at, budget - used);
+            used += n;
+            if !done {
+                break;
+            }
+            match self.ops.pop_front() {
+                Some(Op::Apply { rank, at, .. }) => {
+                    self.metrics.applied(rank, &at.applied);
+                    for _ in 0..at.applied.cleared {
+                        self.metrics.reset(rank, ResetCause::Cleared);
+                    }
+                    self.metrics.batch(BatchResult::Ok);
+                }
+                Some(Op::Reset { rank, cause, .. }) => {
+                    if matches!(cause, ResetCause::Restart | ResetCause::Down) {
+                        self.index.forget_block_size(rank);
+                    }
+                    self.metrics.reset(rank, cause);
+                }
+                None => {}
+            }
         }
-        self.metrics.batch(BatchResult::Ok);
+        used
+    }
+
+    /// Applies everything queued.
+    pub fn finish(&mut self) {
+        while self.pending() {
+            self.work(usize::MAX);
+        }
     }
 
     pub fn drop_batch(&mut self, result: BatchResult, why: &str, now: Instant) {
@@ -283,16 +362,23 @@ impl KvStreams {
         }
     }
 
-    /// Empties `rank`'s index (if known and in range) and counts why. A
-    /// restart or a rank gone `down` also forgets the rank's block size
-    /// (the next engine may use another); a gap keeps it.
+    /// Empties `rank`'s index (if known and in range) after what is
+    /// queued, and counts why once done. A restart or a rank gone `down`
+    /// also forgets the rank's block size (the next engine may use
+    /// another); a gap keeps it.
     pub fn reset(&mut self, rank: Option<u32>, cause: ResetCause) {
         let Some(rank) = rank.filter(|&r| r < self.index.dp_size()) else { return };
-        match cause {
-            ResetCause::Restart | ResetCause::Down => self.index.forget(rank),
-            ResetCause::Gap | ResetCause::Cleared => self.index.clear(rank),
-        }
-        self.metrics.reset(rank, cause);
+        self.ops.push_back(Op::Reset { rank, cause, at: Progress::default() });
+    }
+
+    /// Whether a reset of `rank` is queued.
+    fn resetting(&self, rank: u32) -> bool {
+        self.ops.iter().any(|op| matches!(op, Op::Reset { rank: r, .. } if *r == rank))
+    }
+
+    /// Whether `rank` holds a block or has a batch queued.
+    pub fn holds_or_queued(&self, rank: u32) -> bool {
+        self.index.holds_any(rank) || self.ops.iter().any(|op| matches!(op, Op::Apply { rank: r, .. } if *r == rank))
     }
 
     /// Replays past their deadline end as incomplete; ranks that went
@@ -304,7 +390,7 @@ impl KvStreams {
             }
         }
         for rank in 0..self.index.dp_size() {
-            if engines.get(rank).status == Status::Down && self.index.holds_any(rank) {
+            if engines.get(rank).status == Status::Down && self.index.holds_any(rank) && !self.resetting(rank) {
                 self.reset(Some(rank), ResetCause::Down);
             }
             self.metrics.blocks(rank, Medium::ALL.map(|m| self.index.blocks(rank, m)));

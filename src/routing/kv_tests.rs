@@ -113,6 +113,7 @@ fn a_replay_that_cannot_cover_the_gap_clears_the_rank() {
     s.tick(t0 + Duration::from_millis(1999), &engines);
     assert!(!holds(&s, 6));
     s.tick(t0 + Duration::from_secs(2), &engines);
+    s.finish();
     assert!(holds(&s, 6));
     assert_eq!(counter(&r, "dpcoord_kv_replays_total", ("result", "timeout")), 1);
 }
@@ -282,4 +283,31 @@ fn a_rank_endpoint_and_its_replay_socket_write_their_own_rank_only() {
     assert!(held(&s, 0, 1) && !held(&s, 1, 2) && !held(&s, 1, 9));
     assert_eq!((resets(&r, "0"), resets(&r, "1")), (0, 1));
     assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "wrong_rank")), 4);
+}
+
+/// What the streams decide is applied later, in the order decided, a
+/// slice at a time: a batch, the reset a gap calls for, the batch after
+/// it; the outcome of a batch is counted once it is whole.
+#[test]
+fn changes_are_queued_in_order_and_applied_a_slice_at_a_time() {
+    let r = Registry::new();
+    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: Some(0) }]);
+    let t0 = Instant::now();
+    s.accept(msg(false, 0, big(1, 300)), t0);
+    s.accept(msg(false, 2, big(5000, 1)), t0);
+    assert!(s.pending() && !s.index().holds_any(0), "nothing applied on arrival");
+    let mut slices = Vec::new();
+    while s.pending() {
+        slices.push(s.work(64));
+        if s.index().blocks(0, Medium::Gpu) == 300 {
+            assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "ok")), 1);
+            assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 0, "the reset comes after");
+        }
+    }
+    assert!(slices.iter().all(|&n| n <= 64), "{slices:?}");
+    assert!(slices.len() >= 300 / 64 + 2, "{slices:?}");
+    assert_eq!(s.index().blocks(0, Medium::Gpu), 1, "the first batch, then the reset, then the second");
+    assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "ok")), 2);
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 1);
 }

@@ -13,6 +13,18 @@ struct Handle {
     stamp: u64,
 }
 
+/// The keys of a rank's GPU blocks taken out by [`RankBlocks::take`],
+/// holding the map's memory until the last is read.
+pub struct GpuKeys(std::collections::hash_map::IntoIter<u64, Handle>);
+
+impl Iterator for GpuKeys {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        self.0.next().map(|(_, h)| h.key)
+    }
+}
+
 #[derive(Default)]
 pub struct RankBlocks {
     media: [HashMap<u64, Handle, RandomState>; 4],
@@ -50,6 +62,14 @@ impl RankBlocks {
     /// The keys of every GPU block, for clearing their holder bits.
     pub fn drain_gpu_keys(&mut self) -> impl Iterator<Item = u64> + '_ {
         self.media[Medium::Gpu.index()].drain().map(|(_, h)| h.key)
+    }
+
+    /// Takes the GPU blocks out, to clear their holder bits a slice at a
+    /// time, and forgets the others.
+    pub fn take(&mut self) -> GpuKeys {
+        let gpu = std::mem::take(&mut self.media[Medium::Gpu.index()]);
+        self.clear();
+        GpuKeys(gpu.into_iter())
     }
 
     /// Forgets every block, and the memory the maps held.

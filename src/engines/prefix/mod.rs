@@ -15,18 +15,20 @@
 //! bytes than a map entry; chained keys already make each block's key
 //! stand for its whole prefix, so flat maps give the same answers.
 
+mod apply;
 mod approx;
 mod blocks;
 mod holders;
 pub mod keys;
 mod sizes;
 
+pub use self::apply::Progress;
 pub use self::approx::ApproxIndex;
 use self::blocks::RankBlocks;
 use self::holders::Holders;
 use self::sizes::BlockSizes;
 pub use self::sizes::MAX_SIZES;
-use super::kv::{KvEvent, Medium, Stored};
+use super::kv::{KvEvent, Medium};
 
 /// What one batch did to a rank's index: events by outcome, and blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,74 +126,11 @@ impl PrefixIndex {
         self.sizes.resize(dp_size);
     }
 
-    /// Applies one batch of events to rank `rank` (in range).
+    /// Applies one batch of events to rank `rank` (in range), whole.
     pub fn apply(&mut self, rank: u32, events: &[KvEvent]) -> Applied {
-        let mut a = Applied::default();
-        for ev in events {
-            match ev {
-                KvEvent::Stored(st) => self.store(rank, st, &mut a),
-                KvEvent::Removed { hashes, medium } => {
-                    let mut unknown = false;
-                    for &h in hashes {
-                        match self.ranks[rank as usize].remove(*medium, h) {
-                            Some(key) => {
-                                a.blocks_removed += 1;
-                                if *medium == Medium::Gpu {
-                                    self.holders.unset(key, rank);
-                                }
-                            }
-                            None => unknown = true,
-                        }
-                    }
-                    *if unknown { &mut a.unknown_block } else { &mut a.removed } += 1;
-                }
-                KvEvent::Cleared => {
-                    self.clear(rank);
-                    a.cleared += 1;
-                }
-                KvEvent::Unindexable(_) => a.bad_event += 1,
-                KvEvent::OtherGroup => a.other_group += 1,
-            }
-        }
-        a.evicted = self.enforce_cap(rank);
-        a
-    }
-
-    /// Indexes one `BlockStored` on rank `rank`; only a store indexed here
-    /// teaches the rank its block size (a dropped one changes nothing).
-    fn store(&mut self, rank: u32, st: &Stored, a: &mut Applied) {
-        let bs = self.sizes.of(rank).unwrap_or(st.block_size);
-        if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
-            a.bad_event += 1;
-            return;
-        }
-        let blocks = &mut self.ranks[rank as usize];
-        let parent = match st.parent {
-            None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
-            Some(p) => match blocks.key_of(st.medium, p) {
-                Some(k) => k,
-                None => {
-                    a.unknown_parent += 1;
-                    return;
-                }
-            },
-        };
-        self.keys.clear();
-        keys::chain_keys(parent, &st.tokens, bs as usize, &mut self.keys);
-        for (&hash, &key) in st.hashes.iter().zip(&self.keys) {
-            let replaced = blocks.insert(st.medium, hash, key);
-            if st.medium == Medium::Gpu {
-                if let Some(old) = replaced {
-                    self.holders.unset(old, rank);
-                }
-                self.holders.set(key, rank);
-            }
-            a.blocks_stored += 1;
-        }
-        if !st.hashes.is_empty() {
-            self.sizes.learn(rank, bs);
-        }
-        a.stored += 1;
+        let mut at = Progress::default();
+        self.apply_some(rank, events, &mut at, usize::MAX);
+        at.applied
     }
 
     /// Empties rank `rank`'s index (every medium); its engine's block size stays.
@@ -207,6 +146,11 @@ impl PrefixIndex {
     /// restarted or is gone, and the next may use another.
     pub fn forget(&mut self, rank: u32) {
         self.clear(rank);
+        self.sizes.forget(rank);
+    }
+
+    /// Forgets rank `rank`'s block size (once its index was emptied).
+    pub fn forget_block_size(&mut self, rank: u32) {
         self.sizes.forget(rank);
     }
 

@@ -1,5 +1,6 @@
 use super::keys::{chain_keys, chain_seed};
 use super::*;
+use crate::engines::kv::Stored;
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
     stored_on(hashes, parent, tokens, Medium::Gpu)

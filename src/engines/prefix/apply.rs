@@ -1,0 +1,268 @@
+//! Applying a batch of KV events to the index a slice at a time: at most a
+//! given number of blocks per call, resumed where it stopped, so a batch of
+//! hundreds of thousands of blocks never holds the routing thread for more
+//! than one slice. The per-rank cap is enforced once the batch is whole.
+
+use super::blocks::GpuKeys;
+use super::{keys, Applied, PrefixIndex};
+use crate::engines::kv::{KvEvent, Medium, Stored};
+
+/// Where one batch's application stands, and what it did so far.
+#[derive(Default)]
+pub struct Progress {
+    /// The event being applied.
+    event: usize,
+    /// Within it, the next block (`BlockStored`, `BlockRemoved`).
+    block: usize,
+    /// `BlockStored`: the key of the block before `block`.
+    chain: u64,
+    /// `BlockRemoved`: a hash of the event so far was not held.
+    unknown: bool,
+    /// `AllBlocksCleared`: the GPU keys whose holder bits are still to go.
+    clearing: Option<GpuKeys>,
+    pub applied: Applied,
+}
+
+impl Progress {
+    fn next_event(&mut self) {
+        self.event += 1;
+        self.block = 0;
+        self.unknown = false;
+    }
+}
+
+impl PrefixIndex {
+    /// Applies the events of one batch to rank `rank` (in range) from where
+    /// `at` stands, touching at most `budget` blocks (an event that touches
+    /// none counts as one); `at.applied` accumulates what it did. Returns
+    /// the blocks touched and whether the batch is whole, the cap enforced.
+    ///
+    /// Between two calls the index holds the batch's first part: stores
+    /// and removals go block by block in the engine's order, and a clear
+    /// has emptied the rank's maps while some of its keys still show as
+    /// held (lookups may see them until the clear ends).
+    pub fn apply_some(&mut self, rank: u32, events: &[KvEvent], at: &mut Progress, budget: usize) -> (usize, bool) {
+        let budget = budget.max(1);
+        let mut used = 0;
+        while used < budget {
+            let Some(ev) = events.get(at.event) else {
+                at.applied.evicted += self.enforce_cap(rank);
+                return (used, true);
+            };
+            let left = budget - used;
+            used += match ev {
+                KvEvent::Stored(st) => self.store_some(rank, st, at, left),
+                KvEvent::Removed { hashes, medium } => self.remove_some(rank, hashes, *medium, at, left),
+                KvEvent::Cleared => self.clear_some(rank, at, left),
+                KvEvent::Unindexable(_) => {
+                    at.applied.bad_event += 1;
+                    at.next_event();
+                    1
+                }
+                KvEvent::OtherGroup => {
+                    at.applied.other_group += 1;
+                    at.next_event();
+                    1
+                }
+            };
+        }
+        if at.event == events.len() {
+            at.applied.evicted += self.enforce_cap(rank);
+            return (used, true);
+        }
+        (used, false)
+    }
+
+    fn store_some(&mut self, rank: u32, st: &Stored, at: &mut Progress, budget: usize) -> usize {
+        // Only a store indexed here teaches the rank its block size.
+        let bs = self.sizes.of(rank).unwrap_or(st.block_size);
+        if at.block == 0 {
+            if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
+                at.applied.bad_event += 1;
+                at.next_event();
+                return 1;
+            }
+            at.chain = match st.parent {
+                None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
+                Some(p) => match self.ranks[rank as usize].key_of(st.medium, p) {
+                    Some(k) => k,
+                    None => {
+                        at.applied.unknown_parent += 1;
+                        at.next_event();
+                        return 1;
+                    }
+                },
+            };
+        }
+        let (from, to) = (at.block, st.hashes.len().min(at.block.saturating_add(budget)));
+        let bs = bs as usize;
+        self.keys.clear();
+        keys::chain_keys(at.chain, &st.tokens[from * bs..to * bs], bs, &mut self.keys);
+        let blocks = &mut self.ranks[rank as usize];
+        for (&hash, &key) in st.hashes[from..to].iter().zip(&self.keys) {
+            let replaced = blocks.insert(st.medium, hash, key);
+            if st.medium == Medium::Gpu {
+                if let Some(old) = replaced {
+                    self.holders.unset(old, rank);
+                }
+                self.holders.set(key, rank);
+            }
+        }
+        at.applied.blocks_stored += (to - from) as u64;
+        if to > from {
+            self.sizes.learn(rank, bs as u32);
+        }
+        at.chain = self.keys.last().copied().unwrap_or(at.chain);
+        at.block = to;
+        if to == st.hashes.len() {
+            at.applied.stored += 1;
+            at.next_event();
+        }
+        (to - from).max(1)
+    }
+
+    fn remove_some(&mut self, rank: u32, hashes: &[u64], medium: Medium, at: &mut Progress, budget: usize) -> usize {
+        let (from, to) = (at.block, hashes.len().min(at.block.saturating_add(budget)));
+        for &h in &hashes[from..to] {
+            match self.ranks[rank as usize].remove(medium, h) {
+                Some(key) => {
+                    at.applied.blocks_removed += 1;
+                    if medium == Medium::Gpu {
+                        self.holders.unset(key, rank);
+                    }
+                }
+                None => at.unknown = true,
+            }
+        }
+        at.block = to;
+        if to == hashes.len() {
+            *if at.unknown { &mut at.applied.unknown_block } else { &mut at.applied.removed } += 1;
+            at.next_event();
+        }
+        (to - from).max(1)
+    }
+
+    fn clear_some(&mut self, rank: u32, at: &mut Progress, budget: usize) -> usize {
+        let keys = at.clearing.get_or_insert_with(|| self.ranks[rank as usize].take());
+        let mut used = 0;
+        while used < budget {
+            let Some(key) = keys.next() else {
+                at.clearing = None;
+                at.applied.cleared += 1;
+                at.next_event();
+                return used.max(1);
+            };
+            self.holders.unset(key, rank);
+            used += 1;
+        }
+        used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(hashes: std::ops::Range<u64>, parent: Option<u64>, medium: Medium) -> KvEvent {
+        let tokens = hashes.clone().flat_map(|h| [h as u32, 7]).collect();
+        KvEvent::Stored(Stored {
+            hashes: hashes.collect(),
+            parent,
+            tokens,
+            block_size: 2,
+            medium,
+            lora: None,
+            salt: None,
+        })
+    }
+
+    /// A batch of every kind of event: stores chained across events and
+    /// media, removals with unknown hashes, a clear mid-batch, a bad event.
+    fn batch() -> Vec<KvEvent> {
+        vec![
+            stored(0..40, None, Medium::Gpu),
+            stored(40..45, Some(39), Medium::Cpu),
+            KvEvent::Removed { hashes: vec![3, 999, 4], medium: Medium::Gpu },
+            KvEvent::Unindexable("pairs"),
+            stored(100..130, None, Medium::Gpu),
+            KvEvent::Cleared,
+            stored(200..233, None, Medium::Gpu),
+            stored(233..240, Some(232), Medium::Gpu),
+            stored(300..301, Some(12345), Medium::Gpu),
+            KvEvent::Removed { hashes: (200..210).collect(), medium: Medium::Gpu },
+            KvEvent::OtherGroup,
+            KvEvent::Stored(Stored { hashes: vec![], ..stored_of(0) }),
+        ]
+    }
+
+    fn stored_of(h: u64) -> Stored {
+        match stored(h..h + 1, None, Medium::Gpu) {
+            KvEvent::Stored(s) => s,
+            _ => unreachable!(),
+        }
+    }
+
+    /// What `rank` 1 and 0 hold, as prefix lookups of every chain stored.
+    fn view(ix: &PrefixIndex) -> Vec<Vec<u32>> {
+        let chains = [0..45, 100..130, 200..240];
+        chains
+            .iter()
+            .map(|c| {
+                let tokens: Vec<u32> = c.clone().flat_map(|h| [h as u32, 7]).collect();
+                let mut keys = Vec::new();
+                keys::chain_keys(keys::chain_seed(None, None), &tokens, 2, &mut keys);
+                let mut out = Vec::new();
+                ix.leading(&keys, &mut out);
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_applied_in_slices_ends_as_one_applied_whole() {
+        let events = batch();
+        let mut whole = PrefixIndex::new(2, 1000);
+        whole.apply(0, &[stored(0..10, None, Medium::Gpu)]);
+        let expected = whole.apply(1, &events);
+        assert_eq!((expected.blocks_stored, expected.cleared, expected.unknown_parent), (115, 1, 1));
+        for budget in [1, 2, 3, 7, 64, 1000] {
+            let mut ix = PrefixIndex::new(2, 1000);
+            ix.apply(0, &[stored(0..10, None, Medium::Gpu)]);
+            let mut at = Progress::default();
+            let mut calls = 0;
+            loop {
+                let (used, done) = ix.apply_some(1, &events, &mut at, budget);
+                assert!(used <= budget, "{used} > {budget}");
+                calls += 1;
+                if done {
+                    break;
+                }
+            }
+            assert_eq!(at.applied, expected, "budget {budget}");
+            assert_eq!(view(&ix), view(&whole), "budget {budget}");
+            assert_eq!(ix.distinct_keys(), whole.distinct_keys());
+            for m in Medium::ALL {
+                assert_eq!(ix.blocks(1, m), whole.blocks(1, m));
+            }
+            assert!(budget > 200 || calls * budget >= 115, "budget {budget}: {calls} calls");
+        }
+    }
+
+    #[test]
+    fn a_clear_in_slices_hides_nothing_once_done_and_the_cap_applies_at_the_end() {
+        let mut ix = PrefixIndex::new(1, 64);
+        let mut at = Progress::default();
+        let events = [stored(0..100, None, Medium::Gpu)];
+        let (used, done) = ix.apply_some(0, &events, &mut at, 90);
+        assert_eq!((used, done, ix.blocks(0, Medium::Gpu)), (90, false, 90), "the cap waits for the batch's end");
+        assert_eq!(ix.apply_some(0, &events, &mut at, 90), (10, true));
+        assert_eq!((at.applied.evicted, ix.blocks(0, Medium::Gpu)), (44, 56));
+        let mut at = Progress::default();
+        let clear = [KvEvent::Cleared];
+        assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (50, false));
+        assert_eq!(ix.blocks(0, Medium::Gpu), 0, "the maps are emptied at once");
+        assert_eq!(ix.distinct_keys(), 6, "the last holder bits go in the next slice");
+        assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (6, true));
+        assert_eq!((ix.distinct_keys(), at.applied.cleared), (0, 1));
+    }
+}
