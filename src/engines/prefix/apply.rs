@@ -1,7 +1,9 @@
 //! Applying a batch of KV events to the index a slice at a time: at most a
 //! given number of blocks per call, resumed where it stopped, so a batch of
 //! hundreds of thousands of blocks never holds the routing thread for more
-//! than one slice. The per-rank cap is enforced once the batch is whole.
+//! than one slice. The per-rank cap is enforced once the batch is whole,
+//! a shard of the rank's maps per step: everything older than the newest
+//! 7/8 of the cap goes, so a sweep runs once per cap/8 stores at most.
 
 use super::blocks::GpuKeys;
 use super::{keys, Applied, PrefixIndex};
@@ -20,6 +22,9 @@ pub struct Progress {
     unknown: bool,
     /// `AllBlocksCleared`: the GPU keys whose holder bits are still to go.
     clearing: Option<GpuKeys>,
+    /// The cap's sweep once the events are applied: the stamp below which
+    /// blocks go, and the next step.
+    sweeping: Option<(u64, usize)>,
     pub applied: Applied,
 }
 
@@ -34,8 +39,10 @@ impl Progress {
 impl PrefixIndex {
     /// Applies the events of one batch to rank `rank` (in range) from where
     /// `at` stands, touching at most `budget` blocks (an event that touches
-    /// none counts as one); `at.applied` accumulates what it did. Returns
-    /// the blocks touched and whether the batch is whole, the cap enforced.
+    /// none counts as one), or as many more as one step of the cap's sweep
+    /// drops (about cap/8/64: 2,048 at the default cap); `at.applied`
+    /// accumulates what it did. Returns the blocks touched and whether the
+    /// batch is whole, the cap enforced.
     ///
     /// Between two calls the index holds the batch's first part: stores
     /// and removals go block by block in the engine's order, and a clear
@@ -46,8 +53,7 @@ impl PrefixIndex {
         let mut used = 0;
         while used < budget {
             let Some(ev) = events.get(at.event) else {
-                at.applied.evicted += self.enforce_cap(rank);
-                return (used, true);
+                return self.sweep_some(rank, at, budget, used);
             };
             let left = budget - used;
             used += match ev {
@@ -66,11 +72,32 @@ impl PrefixIndex {
                 }
             };
         }
-        if at.event == events.len() {
-            at.applied.evicted += self.enforce_cap(rank);
-            return (used, true);
-        }
         (used, false)
+    }
+
+    /// Past the cap, drops the rank's oldest blocks a shard per step (each
+    /// step counts the blocks it drops, and one): everything older than the
+    /// newest 7/8 of the cap. `true` once the sweep (if any) is done.
+    fn sweep_some(&mut self, rank: u32, at: &mut Progress, budget: usize, mut used: usize) -> (usize, bool) {
+        let blocks = &mut self.ranks[rank as usize];
+        let (threshold, mut step) = match at.sweeping {
+            Some(s) => s,
+            None if blocks.total() > self.cap => (blocks.threshold(self.cap - self.cap / 8), 0),
+            None => return (used, true),
+        };
+        let holders = &mut self.holders;
+        while step < blocks.sweep_steps() {
+            if used >= budget {
+                at.sweeping = Some((threshold, step));
+                return (used, false);
+            }
+            let dropped = blocks.sweep(step, threshold, |key| holders.unset(key, rank));
+            at.applied.evicted += dropped as u64;
+            used += dropped + 1;
+            step += 1;
+        }
+        at.sweeping = None;
+        (used, true)
     }
 
     fn store_some(&mut self, rank: u32, st: &Stored, at: &mut Progress, budget: usize) -> usize {
@@ -232,7 +259,7 @@ mod tests {
             let mut calls = 0;
             loop {
                 let (used, done) = ix.apply_some(1, &events, &mut at, budget);
-                assert!(used <= budget, "{used} > {budget}");
+                assert!(used <= budget, "{used} > {budget}: no sweep under the cap");
                 calls += 1;
                 if done {
                     break;
@@ -255,7 +282,11 @@ mod tests {
         let events = [stored(0..100, None, Medium::Gpu)];
         let (used, done) = ix.apply_some(0, &events, &mut at, 90);
         assert_eq!((used, done, ix.blocks(0, Medium::Gpu)), (90, false, 90), "the cap waits for the batch's end");
-        assert_eq!(ix.apply_some(0, &events, &mut at, 90), (10, true));
+        let mut calls = 0;
+        while !ix.apply_some(0, &events, &mut at, 8).1 {
+            calls += 1;
+        }
+        assert!(calls >= 256 / 8, "the sweep goes a shard at a time: {calls} calls");
         assert_eq!((at.applied.evicted, ix.blocks(0, Medium::Gpu)), (44, 56));
         let mut at = Progress::default();
         let clear = [KvEvent::Cleared];
@@ -264,5 +295,29 @@ mod tests {
         assert_eq!(ix.distinct_keys(), 6, "the last holder bits go in the next slice");
         assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (6, true));
         assert_eq!((ix.distinct_keys(), at.applied.cleared), (0, 1));
+    }
+
+    /// The cap swept in steps keeps exactly the newest 7/8 of it, as one
+    /// sweep does, on every medium, and the holder bits follow.
+    #[test]
+    fn the_cap_swept_in_steps_keeps_the_newest_blocks() {
+        let batch = [stored(0..700, None, Medium::Gpu), stored(700..1000, Some(699), Medium::Cpu)];
+        let mut whole = PrefixIndex::new(1, 800);
+        let a = whole.apply(0, &batch);
+        let mut ix = PrefixIndex::new(1, 800);
+        let mut at = Progress::default();
+        loop {
+            let before = at.applied.evicted;
+            let (used, done) = ix.apply_some(0, &batch, &mut at, 3);
+            assert!(used <= 3 + (at.applied.evicted - before) as usize, "{used}");
+            if done {
+                break;
+            }
+        }
+        assert_eq!((at.applied, a.evicted), (a, 300));
+        assert_eq!((ix.blocks(0, Medium::Gpu), ix.blocks(0, Medium::Cpu)), (400, 300));
+        assert_eq!(ix.distinct_keys(), 400);
+        assert_eq!(view(&ix), view(&whole));
+        assert_eq!(view(&ix)[0], vec![0], "the oldest blocks went: no leading match");
     }
 }

@@ -20,6 +20,7 @@ mod approx;
 mod blocks;
 mod holders;
 pub mod keys;
+mod sharded;
 mod sizes;
 
 pub use self::apply::Progress;
@@ -136,10 +137,9 @@ impl PrefixIndex {
     /// Empties rank `rank`'s index (every medium); its engine's block size stays.
     pub fn clear(&mut self, rank: u32) {
         let Some(blocks) = self.ranks.get_mut(rank as usize) else { return };
-        for key in blocks.drain_gpu_keys() {
+        for key in blocks.take() {
             self.holders.unset(key, rank);
         }
-        blocks.clear();
     }
 
     /// Empties rank `rank`'s index and forgets its block size: its engine
@@ -152,19 +152,6 @@ impl PrefixIndex {
     /// Forgets rank `rank`'s block size (once its index was emptied).
     pub fn forget_block_size(&mut self, rank: u32) {
         self.sizes.forget(rank);
-    }
-
-    /// Drops rank `rank`'s oldest blocks past the cap: everything older
-    /// than the newest 7/8 of the cap, so the scan runs once per cap/8
-    /// stores at most. Returns how many went.
-    fn enforce_cap(&mut self, rank: u32) -> u64 {
-        let blocks = &mut self.ranks[rank as usize];
-        if blocks.total() <= self.cap {
-            return 0;
-        }
-        let keep = self.cap - self.cap / 8;
-        let holders = &mut self.holders;
-        blocks.evict_older_than_newest(keep, |key| holders.unset(key, rank))
     }
 
     /// For the chain `keys`, how many leading blocks each rank holds on
