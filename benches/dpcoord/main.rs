@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench dpcoord [-- PART...]` runs the full benchmark (cargo
 //! passes `--bench`) and prints one table per part plus a table of targets.
-//! Parts: `transport`, `decision`, `ingest`, `memory`, `prefix`; a filter selects the
+//! Parts: `transport`, `decision`, `ingest`, `memory`, `prefix`, `heavy`; a filter selects the
 //! parts whose name contains it. Without `--bench` (as `cargo test
 //! --all-targets` runs it) every part does a tiny bounded smoke run instead,
 //! about a second in all, and no target is judged.
@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+mod heavy;
 mod ingest;
 mod memory;
 mod prefix;
@@ -35,12 +36,13 @@ pub enum Mode {
 /// One benchmark part: it prints its table and records its targets.
 type Part = fn(Mode, &mut Report);
 
-const PARTS: [(&str, Part); 5] = [
+const PARTS: [(&str, Part); 6] = [
     ("transport", transport::run),
     ("decision", decision::run),
     ("ingest", ingest::run),
     ("memory", memory::run),
     ("prefix", prefix::run),
+    ("heavy", heavy::run),
 ];
 
 fn main() {

@@ -6,9 +6,13 @@
 //! a decoded batch written back (as the map form, where the engines sent
 //! arrays) decodes to itself; and the message framing around the payload
 //! (live, replayed, over the size cap) gives the same batch or the cap's refusal.
+//! And the batch applied to a prefix index a slice at a time (a budget of 1
+//! to 5 blocks per call, as the routing thread applies it per poll round)
+//! leaves the index and the counts exactly as applying it whole does.
 #![no_main]
 
-use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent};
+use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, Medium};
+use dpcoord::engines::prefix::{PrefixIndex, Progress};
 use dpcoord::wire::{decode_kv_batch, decode_kv_message};
 use libfuzzer_sys::fuzz_target;
 use rmp::encode;
@@ -25,9 +29,35 @@ fuzz_target!(|data: &[u8]| {
         }
         let again = encode_batch(batch);
         assert_eq!(decode_kv_batch(&again).as_ref(), Ok(batch), "the batch written back decodes otherwise");
+        sliced(batch, 1 + data.len() % 5);
     }
     framing(data, &decoded);
 });
+
+/// `batch` applied whole and `budget` blocks at a time, to a rank that
+/// holds a few blocks already and a cap the batch can pass (so the cap runs
+/// too): the same index, the same counts.
+fn sliced(batch: &KvBatch, budget: usize) {
+    let index = || PrefixIndex::new(1, 64);
+    let (mut whole, mut parts) = (index(), index());
+    let applied = whole.apply(0, &batch.events);
+    let mut at = Progress::default();
+    loop {
+        let evicted = at.applied.evicted;
+        let (used, done) = parts.apply_some(0, &batch.events, &mut at, budget);
+        // A step of the cap's sweep may pass the budget by what it drops.
+        let swept = (at.applied.evicted - evicted) as usize;
+        assert!(used <= budget + swept, "{used} blocks touched, budget {budget}, {swept} swept");
+        if done {
+            break;
+        }
+    }
+    assert_eq!(at.applied, applied, "sliced counts differ");
+    assert_eq!(parts.distinct_keys(), whole.distinct_keys(), "sliced holders differ");
+    for m in Medium::ALL {
+        assert_eq!(parts.blocks(0, m), whole.blocks(0, m), "sliced {m:?} blocks differ");
+    }
+}
 
 /// The payload inside a live and a replayed message: the same batch (or the
 /// same refusal), and a payload over `max_payload` refused whatever it holds.

@@ -4,13 +4,15 @@
 //! every input: decoding never panics and is deterministic; a report
 //! carries the frames' rank and seq and a KV usage in [0, 1]; and families
 //! the decoder does not read, added before or after the body, change
-//! nothing (a scrape of a server with more metrics routes the same).
+//! nothing (a scrape of a server with more metrics routes the same); and
+//! the gauges frame the scraper sends the routing thread decodes to the
+//! same report as the body.
 #![no_main]
 
 use std::time::Duration;
 
 use dpcoord::engines::Sequence;
-use dpcoord::wire::decode_vllm_metrics;
+use dpcoord::wire::{decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics};
 use libfuzzer_sys::fuzz_target;
 
 const RANK: [u8; 4] = 7u32.to_be_bytes();
@@ -40,6 +42,8 @@ fuzz_target!(|body: &[u8]| {
         if let Some(kv) = report.kv_usage {
             assert!((0.0..=1.0).contains(&kv), "KV usage {kv}");
         }
+        let gauges = read_vllm_metrics(body).expect("read as the report was").to_frame();
+        assert_eq!(decode_vllm_gauges(&RANK, &SEQ, &gauges, BEAT).as_ref(), Ok(report), "the frame says otherwise");
     }
     let Ok(text) = std::str::from_utf8(body) else { return };
     let before = format!("{OTHER}{text}");
