@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
 import statistics
 import subprocess
@@ -59,6 +60,7 @@ class Daemon:
              "--metrics-bind", "127.0.0.1:0", "--dp-size", "8", "--policy", "least_load"],
             env={**os.environ, "RUST_LOG": "error"},
         )
+        atexit.register(self.p.kill)  # a run that fails midway leaves no daemon behind
         pubs = [StatsPublisher(self.stats, r, bind=False, boot=1) for r in range(8)]
         s = zmq.Context.instance().socket(zmq.REQ)
         s.setsockopt(zmq.LINGER, 0)
