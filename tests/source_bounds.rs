@@ -378,7 +378,7 @@ fn a_kv_publisher_flooding_maximum_and_oversized_batches_stays_under_the_ceiling
         links("kv_replay", &replay_ep),
         kv(&d, r#"dpcoord_kv_batches_total{result="ok"}"#)
     );
-    assert!(peak < LIMIT_KIB, "peak RSS {peak} KiB is over the {LIMIT_KIB} KiB limit");
+    assert!(peak < CEILING_KIB, "peak RSS {peak} KiB is over the {CEILING_KIB} KiB limit");
     assert_eq!(d.stop().code(), Some(0));
     stop.store(true, Ordering::SeqCst);
     assert!(replays.join().unwrap() >= 1);

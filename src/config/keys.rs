@@ -282,6 +282,16 @@ pub fn check_query_work(dp_size: u32, max_batch: u32) -> Result<(), String> {
 
 pub const MAX_PROMPT_TOKENS: IntKey =
     IntKey { key: Key::new(LIMITS, "max_prompt_tokens"), default: 262_144, min: 1, max: 16 << 20 };
+/// What dpcoord may hold for its peers, tables and indexes (`budget.rs`):
+/// 480 MiB, which with 32 MiB for the binary, its threads and the
+/// allocator's slack is the deployment's 512 MiB limit.
+pub const MEMORY_BUDGET_BYTES: IntKey =
+    IntKey { key: Key::new(LIMITS, "memory_budget_bytes"), default: 480 << 20, min: 16 << 20, max: 1 << 40 };
+/// Keys that are gone, and what took their place.
+pub const MOVED: [(&str, &str); 1] = [(
+    "kv_events.max_blocks_per_rank",
+    "replaced by limits.memory_budget_bytes: the index is bounded in bytes across ranks",
+)];
 
 pub const KV_CONNECT: ListKey = ListKey {
     key: Key::flagged_in_section(
@@ -295,8 +305,6 @@ pub const KV_REPLAY: ListKey = ListKey {
     key: Key::flagged_in_section(KV_EVENTS, "replay", "EP", "Their replay ROUTER endpoints, same forms; repeatable"),
 };
 pub const KV_TOPIC: StrKey = StrKey { key: Key::new(KV_EVENTS, "topic"), default: "" };
-pub const KV_MAX_BLOCKS_PER_RANK: IntKey =
-    IntKey { key: Key::new(KV_EVENTS, "max_blocks_per_rank"), default: 1 << 20, min: 1, max: 1 << 28 };
 pub const KV_MAX_BATCH_BYTES: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "max_batch_bytes"), default: 4 << 20, min: 1024, max: 1 << 28 };
 pub const KV_REPLAY_TIMEOUT_MS: IntKey =
@@ -357,8 +365,8 @@ pub const ALL: [AnyKey; 57] = [
     AnyKey::Int(&MAX_MESSAGE_BYTES),
     AnyKey::Int(&MAX_BATCH),
     AnyKey::Int(&MAX_PROMPT_TOKENS),
+    AnyKey::Int(&MEMORY_BUDGET_BYTES),
     AnyKey::Str(&KV_TOPIC),
-    AnyKey::Int(&KV_MAX_BLOCKS_PER_RANK),
     AnyKey::Int(&KV_MAX_BATCH_BYTES),
     AnyKey::Int(&KV_REPLAY_TIMEOUT_MS),
 ];

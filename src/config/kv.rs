@@ -68,7 +68,6 @@ pub(in crate::config) fn parse_kv_events(
     }
     let topic = s.string(&keys::KV_TOPIC)?;
     let settings = KvSettings {
-        max_blocks_per_rank: s.int(&keys::KV_MAX_BLOCKS_PER_RANK)? as usize,
         max_batch_bytes: s.int(&keys::KV_MAX_BATCH_BYTES)? as usize,
         replay_timeout: s.ms(&keys::KV_REPLAY_TIMEOUT_MS)?,
     };
@@ -108,7 +107,7 @@ mod tests {
                 ("ipc:///tmp/x", Some("ipc:///tmp/y"), None),
             ]
         );
-        assert_eq!((topic.as_str(), kv.max_blocks_per_rank, kv.replay_timeout.as_millis()), ("kv", 1 << 20, 2000));
+        assert_eq!((topic.as_str(), kv.replay_timeout.as_millis()), ("kv", 2000));
     }
 
     #[test]

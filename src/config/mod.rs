@@ -13,9 +13,11 @@ use crate::io::access::Allowlist;
 pub use crate::routing::PolicyKind;
 
 mod binds;
+pub mod budget;
 mod flags;
 pub mod keys;
 mod parse;
+pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
 pub use parse::check_endpoint;
@@ -132,7 +134,6 @@ pub struct KvEndpoint {
 /// The prefix index's limits (`[kv_events]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvSettings {
-    pub max_blocks_per_rank: usize,
     pub max_batch_bytes: usize,
     pub replay_timeout: Duration,
 }
@@ -220,6 +221,8 @@ pub struct Limits {
     pub max_message_bytes: usize,
     pub max_batch: u32,
     pub max_prompt_tokens: u32,
+    /// `limits.memory_budget_bytes`, split in [`Settings::memory`].
+    pub memory_budget: u64,
 }
 
 /// Everything routing reads: what a running daemon can take at a tick
@@ -231,6 +234,8 @@ pub struct Settings {
     pub penalty: Penalty,
     pub limits: Limits,
     pub kv: KvSettings,
+    /// The memory budget's parts (`budget.rs`).
+    pub memory: Budget,
 }
 
 /// The whole configuration: what binds sockets (`server`, fixed for the
@@ -288,16 +293,17 @@ impl Config {
         }
         let limits = parse_limits(section(&root, "limits")?)?;
         keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
-        Ok(Config {
-            server,
-            settings: Settings {
-                engines,
-                routing: parse_routing(section(&root, "routing")?)?,
-                penalty: parse_penalty(section(&root, "penalty")?)?,
-                limits,
-                kv,
-            },
-        })
+        let mut settings = Settings {
+            engines,
+            routing: parse_routing(section(&root, "routing")?)?,
+            penalty: parse_penalty(section(&root, "penalty")?)?,
+            limits,
+            kv,
+            memory: Budget::default(),
+        };
+        settings.memory = Budget::of(settings.limits.memory_budget, &server, &settings)
+            .map_err(|p| err(keys::MEMORY_BUDGET_BYTES.key.path(), p))?;
+        Ok(Config { server, settings })
     }
 }
 

@@ -105,7 +105,11 @@ impl<'a> Section<'a> {
         let Some(t) = self.table else { return Ok(()) };
         match t.keys().find(|k| !self.seen.contains(&k.as_str())) {
             Some(k) => {
-                Err(err(format!("{}.{k}", self.name), format!("unknown key; known keys: {}", self.seen.join(", "))))
+                let path = format!("{}.{k}", self.name);
+                match keys::MOVED.iter().find(|(old, _)| *old == path) {
+                    Some((_, why)) => Err(err(path, *why)),
+                    None => Err(err(path, format!("unknown key; known keys: {}", self.seen.join(", ")))),
+                }
             }
             None => Ok(()),
         }
@@ -310,6 +314,7 @@ pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
     let max_message_bytes = s.int(&keys::MAX_MESSAGE_BYTES)? as usize;
     let max_batch = s.int(&keys::MAX_BATCH)? as u32;
     let max_prompt_tokens = s.int(&keys::MAX_PROMPT_TOKENS)? as u32;
+    let memory_budget = s.int(&keys::MEMORY_BUDGET_BYTES)?;
     s.finish()?;
-    Ok(Limits { max_message_bytes, max_batch, max_prompt_tokens })
+    Ok(Limits { max_message_bytes, max_batch, max_prompt_tokens, memory_budget })
 }

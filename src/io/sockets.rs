@@ -6,6 +6,7 @@ use super::links::{self, Link};
 use super::peers::{self, Monitor};
 use super::scrape;
 use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
+use crate::config::budget::{KV_LINK_BYTES, SOURCE_LINK_BYTES};
 use crate::config::{Config, Server};
 use crate::wire::{Channel, SourceKind};
 
@@ -18,15 +19,11 @@ const LINGER_MS: i32 = 1000;
 const SOURCE_HWM: usize = 10_000;
 /// The most KV event batches a KV connection queues, whatever their size.
 const KV_HWM: usize = 1000;
-/// Bytes of messages one connection to a stats or SGLang load source may
-/// have queued for dpcoord to read (its high-water mark is this over the
-/// largest frame, within [`MIN_SOURCE_HWM`]..=[`SOURCE_HWM`]).
-pub const SOURCE_LINK_BYTES: usize = 2 << 20;
+/// A stats or SGLang load source's queue: [`SOURCE_LINK_BYTES`] over the
+/// largest frame, within [`MIN_SOURCE_HWM`]..=[`SOURCE_HWM`] messages.
 const MIN_SOURCE_HWM: usize = 4;
-/// The same for one KV publisher's SUB and for its replay DEALER: at the
-/// default `kv_events.max_batch_bytes` one batch queued and one in libzmq's
-/// decoder, at small batch limits up to [`KV_HWM`].
-pub const KV_LINK_BYTES: usize = 8 << 20;
+/// The same for one KV publisher's SUB and for its replay DEALER
+/// ([`KV_LINK_BYTES`]), up to [`KV_HWM`].
 const MIN_KV_HWM: usize = 1;
 /// libzmq's high-water marks count messages, not bytes; dpcoord derives
 /// them from byte budgets and the largest message a queue can hold, within
@@ -270,7 +267,7 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
         out.sources.push(Source { socket: s, kind: SourceKind::Stats });
     }
     let limit = frame_limit(cfg.settings.limits.max_message_bytes);
-    let hwm = bytes_hwm(SOURCE_LINK_BYTES, limit, MIN_SOURCE_HWM, SOURCE_HWM);
+    let hwm = bytes_hwm(SOURCE_LINK_BYTES as usize, limit, MIN_SOURCE_HWM, SOURCE_HWM);
     for (kind, ep) in connected(srv) {
         out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
     }
@@ -286,7 +283,7 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
 fn kv_sources(ctx: &zmq::Context, cfg: &Config, out: &mut Opened) -> Result<(), TransportError> {
     let srv = &cfg.server;
     let limit = frame_limit(cfg.settings.kv.max_batch_bytes);
-    let hwm = bytes_hwm(KV_LINK_BYTES, limit, MIN_KV_HWM, KV_HWM);
+    let hwm = bytes_hwm(KV_LINK_BYTES as usize, limit, MIN_KV_HWM, KV_HWM);
     for (i, ep) in srv.kv_events.iter().enumerate() {
         let stream = i as u16; // the config allows at most 65535 publishers
         let kind = SourceKind::KvEvents { stream, replay: false };
@@ -348,9 +345,9 @@ mod tests {
 
     #[test]
     fn source_link_marks_follow_the_sources_own_limits() {
-        let stats = |max: usize| bytes_hwm(SOURCE_LINK_BYTES, frame_limit(max), MIN_SOURCE_HWM, SOURCE_HWM);
+        let stats = |max: usize| bytes_hwm(SOURCE_LINK_BYTES as usize, frame_limit(max), MIN_SOURCE_HWM, SOURCE_HWM);
         assert_eq!([stats(65_536), stats(256), stats(16 << 20)], [16, 31, 4], "default, least, most");
-        let kv = |max: usize| bytes_hwm(KV_LINK_BYTES, frame_limit(max), MIN_KV_HWM, KV_HWM);
+        let kv = |max: usize| bytes_hwm(KV_LINK_BYTES as usize, frame_limit(max), MIN_KV_HWM, KV_HWM);
         assert_eq!([kv(4 << 20), kv(64 << 10), kv(1024), kv(1 << 28)], [1, 64, 126, 1], "default, small, least, most");
         assert_eq!(frame_limit(4 << 20), (4 << 20) + 65_536);
     }

@@ -1,5 +1,6 @@
 //! Prometheus metrics and rate-limited logging.
 
 pub mod kv_metrics;
+pub mod memory_metrics;
 pub mod metrics;
 pub mod ratelimit;

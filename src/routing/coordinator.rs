@@ -24,6 +24,7 @@ use crate::config::{KvEndpoint, Settings};
 use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
+use crate::observability::memory_metrics::MemoryMetrics;
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
@@ -48,6 +49,7 @@ pub struct Coordinator {
     /// Prompt lookups for `cache_aware` and the `prefix` op, and the
     /// approximate index.
     prefix: PrefixRouting,
+    memory: MemoryMetrics,
     /// Rate limit of the dropped-update warning, per `StatsResult`.
     drops: LogLimiter<{ StatsResult::ALL.len() }>,
     /// Reused buffer for the ranks of one route answer.
@@ -93,10 +95,12 @@ impl Coordinator {
             health: HealthDispatcher::default(),
             kv: KvStreams::new(
                 &settings.kv,
+                settings.memory.events_index,
                 settings.engines.dp_size,
                 KvMetrics::new(&metrics.registry, settings.engines.dp_size),
             ),
             prefix: PrefixRouting::new(settings),
+            memory: MemoryMetrics::new(&metrics.registry, &settings.memory),
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
@@ -143,7 +147,8 @@ impl Coordinator {
         self.user.reload(&settings, now);
         self.limits = limits(&settings);
         self.sources = source_limits(&settings);
-        self.kv.reload(&settings.kv);
+        self.kv.reload(&settings.kv, settings.memory.events_index);
+        self.memory.budget(&settings.memory);
         self.prefix.reload(&settings);
         self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
@@ -326,7 +331,7 @@ impl Coordinator {
             let mut last = None;
             for &rank in out.iter() {
                 if last != Some(rank) {
-                    self.prefix.learn(rank, &self.kv, now);
+                    self.memory.approx_evicted(self.prefix.learn(rank, &self.kv, now));
                     last = Some(rank);
                 }
             }

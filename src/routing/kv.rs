@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::config::{KvEndpoint, KvSettings};
+use crate::config::{budget, KvEndpoint, KvSettings};
 use crate::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium};
 use crate::engines::prefix::{PrefixIndex, Progress};
 use crate::engines::{EngineTable, Status};
@@ -76,6 +76,8 @@ struct Stream {
 
 pub(super) struct KvStreams {
     index: PrefixIndex,
+    /// The index's share of the memory budget, split evenly by the ranks.
+    index_bytes: u64,
     streams: Vec<Stream>,
     replay_timeout: Duration,
     asks: Vec<(u16, u64)>,
@@ -90,9 +92,11 @@ pub(super) struct KvStreams {
 }
 
 impl KvStreams {
-    pub fn new(kv: &KvSettings, dp_size: u32, metrics: KvMetrics) -> Self {
+    /// `index_bytes` is the index's share of the memory budget, all ranks.
+    pub fn new(kv: &KvSettings, index_bytes: u64, dp_size: u32, metrics: KvMetrics) -> Self {
         KvStreams {
-            index: PrefixIndex::new(dp_size, kv.max_blocks_per_rank),
+            index: PrefixIndex::new(dp_size, budget::events_per_rank(index_bytes, dp_size)),
+            index_bytes,
             streams: Vec::new(),
             replay_timeout: kv.replay_timeout,
             asks: Vec::new(),
@@ -118,8 +122,11 @@ impl KvStreams {
         &self.index
     }
 
-    pub fn reload(&mut self, kv: &KvSettings) {
-        self.index.set_cap(kv.max_blocks_per_rank);
+    /// New limits; a smaller share is enforced on each rank as it is next
+    /// written.
+    pub fn reload(&mut self, kv: &KvSettings, index_bytes: u64) {
+        self.index_bytes = index_bytes;
+        self.index.set_cap(budget::events_per_rank(index_bytes, self.index.dp_size()));
         self.replay_timeout = kv.replay_timeout;
     }
 
@@ -134,6 +141,7 @@ impl KvStreams {
         self.finish();
         self.with_events.resize(dp_size as usize, false);
         self.index.resize(dp_size);
+        self.index.set_cap(budget::events_per_rank(self.index_bytes, dp_size));
         self.metrics.resize(dp_size);
     }
 

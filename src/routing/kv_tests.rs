@@ -10,7 +10,8 @@ use crate::engines::prefix::keys::{chain_keys, chain_seed};
 /// One stream with a replay socket, no rank hint, 2 ranks.
 fn streams() -> (KvStreams, Registry) {
     let r = Registry::new();
-    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    let mut s =
+        KvStreams::new(&Settings::default().kv, Settings::default().memory.events_index, 2, KvMetrics::new(&r, 2));
     s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: Some("tcp://a:2".into()), rank: None }]);
     (s, r)
 }
@@ -152,7 +153,8 @@ fn a_seq_going_back_is_a_restarted_publisher() {
 #[test]
 fn without_a_replay_socket_a_gap_clears_at_once() {
     let r = Registry::new();
-    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    let mut s =
+        KvStreams::new(&Settings::default().kv, Settings::default().memory.events_index, 2, KvMetrics::new(&r, 2));
     s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: Some(0) }]);
     let t0 = Instant::now();
     s.on_message(msg(false, 4, store(1)), t0);
@@ -247,7 +249,8 @@ fn held(s: &KvStreams, rank: usize, t: u32) -> bool {
 #[test]
 fn a_rank_endpoint_and_its_replay_socket_write_their_own_rank_only() {
     let r = Registry::new();
-    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    let mut s =
+        KvStreams::new(&Settings::default().kv, Settings::default().memory.events_index, 2, KvMetrics::new(&r, 2));
     let shared = KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: None };
     let own = KvEndpoint { connect: "tcp://a:2".into(), replay: Some("tcp://a:3".into()), rank: Some(1) };
     s.set_endpoints(&[shared, own]);
@@ -291,7 +294,8 @@ fn a_rank_endpoint_and_its_replay_socket_write_their_own_rank_only() {
 #[test]
 fn changes_are_queued_in_order_and_applied_a_slice_at_a_time() {
     let r = Registry::new();
-    let mut s = KvStreams::new(&Settings::default().kv, 2, KvMetrics::new(&r, 2));
+    let mut s =
+        KvStreams::new(&Settings::default().kv, Settings::default().memory.events_index, 2, KvMetrics::new(&r, 2));
     s.set_endpoints(&[KvEndpoint { connect: "tcp://a:1".into(), replay: None, rank: Some(0) }]);
     let t0 = Instant::now();
     s.accept(msg(false, 0, big(1, 300)), t0);

@@ -54,7 +54,7 @@ impl PrefixRouting {
     pub fn new(s: &Settings) -> Self {
         let c = &s.routing.cache;
         PrefixRouting {
-            approx: ApproxIndex::new(s.engines.dp_size, c.ttl, s.kv.max_blocks_per_rank),
+            approx: ApproxIndex::new(s.engines.dp_size, c.ttl, s.memory.approx_index),
             mode: c.mode,
             tokens: Vec::new(),
             keys: Vec::new(),
@@ -68,7 +68,7 @@ impl PrefixRouting {
 
     pub fn reload(&mut self, s: &Settings) {
         self.mode = s.routing.cache.mode;
-        self.approx.set_limits(s.routing.cache.ttl, s.kv.max_blocks_per_rank);
+        self.approx.set_limits(s.routing.cache.ttl, s.memory.approx_index);
     }
 
     pub fn resize(&mut self, dp_size: u32) {
@@ -149,15 +149,18 @@ impl PrefixRouting {
 
     /// The last looked-up prompt was placed on `rank` by a policy pick:
     /// the approximate index takes it as cached there, unless that rank's
-    /// matches come from its KV events.
-    pub fn learn(&mut self, rank: u32, kv: &KvStreams, now: Instant) {
+    /// matches come from its KV events. Returns the keys its share of the
+    /// memory budget evicted to make room.
+    pub fn learn(&mut self, rank: u32, kv: &KvStreams, now: Instant) -> usize {
         let learns = match self.mode {
             PrefixMode::Events => false,
             PrefixMode::Approximate => true,
             PrefixMode::Auto => !kv.has_events(rank),
         };
         if learns {
-            self.approx.record(rank, &self.keys, now);
+            self.approx.record(rank, &self.keys, now)
+        } else {
+            0
         }
     }
 }

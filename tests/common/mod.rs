@@ -50,8 +50,15 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
-/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml.
-pub const LIMIT_KIB: u64 = 128 * 1024;
+/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml: the
+/// default `limits.memory_budget_bytes` (480 MiB) and 32 MiB for the
+/// process itself.
+pub const LIMIT_KIB: u64 = 512 * 1024;
+
+/// What attacks on the sockets, the HTTP port and the sources stay under:
+/// they grow nothing the memory budget's indexes hold, and a quarter of
+/// [`LIMIT_KIB`] is far more than they reach.
+pub const CEILING_KIB: u64 = 128 * 1024;
 
 /// `VmRSS` or `VmHWM` of a process, in KiB.
 pub fn status_kib(pid: u32, key: &str) -> u64 {

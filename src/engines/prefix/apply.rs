@@ -1,9 +1,11 @@
 //! Applying a batch of KV events to the index a slice at a time: at most a
 //! given number of blocks per call, resumed where it stopped, so a batch of
 //! hundreds of thousands of blocks never holds the routing thread for more
-//! than one slice. The per-rank cap is enforced once the batch is whole,
-//! a shard of the rank's maps per step: everything older than the newest
-//! 7/8 of the cap goes, so a sweep runs once per cap/8 stores at most.
+//! than one slice. The per-rank cap (the rank's share of the memory
+//! budget) is enforced between slices, a shard of the rank's maps per
+//! step: everything older than the newest 7/8 of the cap goes, so a sweep
+//! runs once per cap/8 stores at most, and a rank is never more than one
+//! slice over its cap.
 
 use super::blocks::GpuKeys;
 use super::{keys, Applied, PrefixIndex};
@@ -52,8 +54,18 @@ impl PrefixIndex {
         let budget = budget.max(1);
         let mut used = 0;
         while used < budget {
+            // Past the cap mid-batch, the sweep runs before the next store:
+            // a rank exceeds its cap by at most one slice.
+            if at.sweeping.is_some() || self.ranks[rank as usize].total() > self.cap {
+                let (u, done) = self.sweep_some(rank, at, budget, used);
+                used = u;
+                if !done {
+                    return (used, false);
+                }
+                continue;
+            }
             let Some(ev) = events.get(at.event) else {
-                return self.sweep_some(rank, at, budget, used);
+                return (used, true);
             };
             let left = budget - used;
             used += match ev {
@@ -121,7 +133,10 @@ impl PrefixIndex {
                 },
             };
         }
-        let (from, to) = (at.block, st.hashes.len().min(at.block.saturating_add(budget)));
+        // A slice stops one block past the cap, where the sweep starts: the
+        // same blocks go however the batch is sliced.
+        let room = (self.cap + 1).saturating_sub(self.ranks[rank as usize].total()).max(1);
+        let (from, to) = (at.block, st.hashes.len().min(at.block.saturating_add(budget.min(room))));
         let bs = bs as usize;
         self.keys.clear();
         keys::chain_keys(at.chain, &st.tokens[from * bs..to * bs], bs, &mut self.keys);
@@ -276,24 +291,27 @@ mod tests {
     }
 
     #[test]
-    fn a_clear_in_slices_hides_nothing_once_done_and_the_cap_applies_at_the_end() {
+    fn a_clear_in_slices_hides_nothing_once_done_and_the_cap_applies_between_slices() {
         let mut ix = PrefixIndex::new(1, 64);
         let mut at = Progress::default();
         let events = [stored(0..100, None, Medium::Gpu)];
         let (used, done) = ix.apply_some(0, &events, &mut at, 90);
-        assert_eq!((used, done, ix.blocks(0, Medium::Gpu)), (90, false, 90), "the cap waits for the batch's end");
+        assert_eq!((used, done), (90, false));
+        let held = ix.blocks(0, Medium::Gpu) as u64;
+        assert_eq!(held + at.applied.evicted, 65, "stores stop one block past the cap while the sweep runs");
         let mut calls = 0;
         while !ix.apply_some(0, &events, &mut at, 8).1 {
             calls += 1;
         }
         assert!(calls >= 256 / 8, "the sweep goes a shard at a time: {calls} calls");
-        assert_eq!((at.applied.evicted, ix.blocks(0, Medium::Gpu)), (44, 56));
+        // 65, the newest 56 kept, 9 more, ... : 100 stored, 36 gone, 64 held.
+        assert_eq!((at.applied.evicted, ix.blocks(0, Medium::Gpu)), (36, 64));
         let mut at = Progress::default();
         let clear = [KvEvent::Cleared];
         assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (50, false));
         assert_eq!(ix.blocks(0, Medium::Gpu), 0, "the maps are emptied at once");
-        assert_eq!(ix.distinct_keys(), 6, "the last holder bits go in the next slice");
-        assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (6, true));
+        assert_eq!(ix.distinct_keys(), 14, "the last holder bits go in the next slice");
+        assert_eq!(ix.apply_some(0, &clear, &mut at, 50), (14, true));
         assert_eq!((ix.distinct_keys(), at.applied.cleared), (0, 1));
     }
 
@@ -314,9 +332,10 @@ mod tests {
                 break;
             }
         }
-        assert_eq!((at.applied, a.evicted), (a, 300));
-        assert_eq!((ix.blocks(0, Medium::Gpu), ix.blocks(0, Medium::Cpu)), (400, 300));
-        assert_eq!(ix.distinct_keys(), 400);
+        // 801 blocks, the newest 700 kept; 801 again, 700 kept; 98 more.
+        assert_eq!((at.applied, a.evicted), (a, 202));
+        assert_eq!((ix.blocks(0, Medium::Gpu), ix.blocks(0, Medium::Cpu)), (498, 300));
+        assert_eq!(ix.distinct_keys(), 498);
         assert_eq!(view(&ix), view(&whole));
         assert_eq!(view(&ix)[0], vec![0], "the oldest blocks went: no leading match");
     }

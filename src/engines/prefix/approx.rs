@@ -1,8 +1,9 @@
 //! The approximate prefix index: what dpcoord's own placements left in each
 //! rank's cache, for engines that publish no KV events (docs/PROTOCOL.md
 //! §7). A placement records its prompt's keys on the rank; an entry lives
-//! `ttl` after its last placement, and a rank keeps at most `cap` keys, the
-//! oldest going first.
+//! `ttl` after its last placement. The index holds at most `bytes` (its
+//! share of the memory budget), split evenly by the ranks: past its share a
+//! rank's oldest keys go, and are counted.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use foldhash::fast::RandomState;
 
 use super::holders::Holders;
+use crate::config::budget;
 
 #[derive(Default)]
 struct Rank {
@@ -24,16 +26,27 @@ pub struct ApproxIndex {
     holders: Holders,
     ranks: Vec<Rank>,
     ttl: Duration,
+    /// The index's bytes, all ranks, and the keys each rank may keep.
+    bytes: u64,
     cap: usize,
 }
 
 impl ApproxIndex {
-    pub fn new(dp_size: u32, ttl: Duration, cap: usize) -> Self {
-        ApproxIndex { holders: Holders::default(), ranks: (0..dp_size).map(|_| Rank::default()).collect(), ttl, cap }
+    pub fn new(dp_size: u32, ttl: Duration, bytes: u64) -> Self {
+        let ranks = (0..dp_size).map(|_| Rank::default()).collect();
+        ApproxIndex { holders: Holders::default(), ranks, ttl, bytes, cap: budget::approx_per_rank(bytes, dp_size) }
     }
 
-    pub fn set_limits(&mut self, ttl: Duration, cap: usize) {
-        (self.ttl, self.cap) = (ttl, cap);
+    /// A new TTL and share; a smaller share is enforced on each rank as it
+    /// is next placed on.
+    pub fn set_limits(&mut self, ttl: Duration, bytes: u64) {
+        (self.ttl, self.bytes) = (ttl, bytes);
+        self.cap = budget::approx_per_rank(bytes, self.ranks.len() as u32);
+    }
+
+    /// Keys each rank may keep.
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// Keys rank `rank` is taken to hold.
@@ -46,6 +59,7 @@ impl ApproxIndex {
             self.clear(rank);
         }
         self.ranks.resize_with(dp_size as usize, Rank::default);
+        self.cap = budget::approx_per_rank(self.bytes, dp_size);
     }
 
     pub fn clear(&mut self, rank: u32) {
@@ -56,27 +70,31 @@ impl ApproxIndex {
         r.order = VecDeque::new();
     }
 
-    /// Rank `rank` was given a prompt with these keys at `now`.
-    pub fn record(&mut self, rank: u32, keys: &[u64], now: Instant) {
-        let Some(r) = self.ranks.get_mut(rank as usize) else { return };
+    /// Rank `rank` was given a prompt with these keys at `now`; how many
+    /// older keys its share made room for.
+    pub fn record(&mut self, rank: u32, keys: &[u64], now: Instant) -> usize {
+        let Some(r) = self.ranks.get_mut(rank as usize) else { return 0 };
+        let mut evicted = 0;
         for &key in keys {
             if r.seen.insert(key, now).is_none() {
                 self.holders.set(key, rank);
             }
             r.order.push_back((now, key));
         }
-        // Past the cap, the oldest go; `order` keeps one live entry per key
+        // Past the share, the oldest go; `order` keeps one live entry per key
         // at most twice over (renewals are compacted away).
         while r.seen.len() > self.cap {
             let Some((t, key)) = r.order.pop_front() else { break };
             if r.seen.get(&key) == Some(&t) {
                 r.seen.remove(&key);
                 self.holders.unset(key, rank);
+                evicted += 1;
             }
         }
         if r.order.len() > 2 * r.seen.len() + 1024 {
             r.order.retain(|(t, key)| r.seen.get(key) == Some(t));
         }
+        evicted
     }
 
     /// Forgets entries not placed again within the TTL.
@@ -115,7 +133,7 @@ mod tests {
     fn placements_are_remembered_for_the_ttl_and_renewed_by_placing_again() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
-        let mut ix = ApproxIndex::new(2, 10 * s, 100);
+        let mut ix = ApproxIndex::new(2, 10 * s, 2 * 100 * budget::APPROX_KEY_BYTES);
         ix.record(0, &[1, 2, 3], t0);
         ix.record(1, &[1], t0 + s);
         assert_eq!(leading(&ix, &[1, 2, 3, 4]), vec![3, 1]);
@@ -128,16 +146,18 @@ mod tests {
     }
 
     #[test]
-    fn the_cap_drops_the_oldest_and_resize_forgets_removed_ranks() {
+    fn the_share_drops_the_oldest_and_resize_forgets_removed_ranks() {
         let t0 = Instant::now();
-        let mut ix = ApproxIndex::new(3, Duration::from_secs(60), 3);
-        ix.record(2, &[1, 2, 3], t0);
-        ix.record(2, &[1], t0 + Duration::from_millis(1));
-        ix.record(2, &[9], t0 + Duration::from_millis(2));
+        let mut ix = ApproxIndex::new(3, Duration::from_secs(60), 3 * 3 * budget::APPROX_KEY_BYTES);
+        assert_eq!(ix.cap(), 3);
+        assert_eq!(ix.record(2, &[1, 2, 3], t0), 0);
+        assert_eq!(ix.record(2, &[1], t0 + Duration::from_millis(1)), 0);
+        assert_eq!(ix.record(2, &[9], t0 + Duration::from_millis(2)), 1, "2 went");
         assert_eq!(ix.len(2), 3);
         assert_eq!(leading(&ix, &[1])[2], 1, "1 was renewed");
         assert_eq!(leading(&ix, &[2])[2], 0, "2 was the oldest");
         ix.resize(2);
+        assert_eq!(ix.cap(), 4, "two ranks share the bytes of three");
         ix.resize(3);
         assert_eq!(leading(&ix, &[1, 9]), vec![0, 0, 0]);
     }
