@@ -182,9 +182,9 @@ pub const HTTP_IDLE_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(SERVER, "http_idle_timeout_ms"), default: 30_000, min: 10, max: HOUR_MS };
 
 /// Connected peers each bound socket holds at once (ZAP refuses the rest at
-/// their handshake). At about 38 KB a peer, the defaults together are 2,304
-/// peers, 88 MB: with dpcoord's own ~20 MB, under a 128 MiB container limit
-/// (docs/failure-behaviour.md, "Memory ceiling").
+/// their handshake). At about 38 KB a peer (40 KiB in the memory budget),
+/// the defaults together are 2,304 peers, 90 MiB of the budget
+/// (docs/failure-behaviour.md, "Memory budget").
 pub const ROUTE_MAX_PEERS: IntKey =
     IntKey { key: Key::new(SERVER, "route_max_peers"), default: 1024, min: 1, max: 1 << 20 };
 pub const HEALTH_MAX_PEERS: IntKey =

@@ -150,7 +150,7 @@ impl KvMetrics {
             evicted: add(
                 r,
                 IntCounterVec::new(
-                    Opts::new("dpcoord_kv_blocks_evicted_total", "KV blocks dropped by kv_events.max_blocks_per_rank."),
+                    Opts::new("dpcoord_kv_blocks_evicted_total", "KV blocks dropped, oldest first, to keep the rank in its share of the memory budget."),
                     &["dp_rank"],
                 ),
             ),

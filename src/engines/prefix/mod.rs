@@ -52,7 +52,7 @@ pub struct Applied {
     /// Blocks indexed and removed (by events, not the cap).
     pub blocks_stored: u64,
     pub blocks_removed: u64,
-    /// Blocks dropped by the per-rank cap, oldest first.
+    /// Blocks dropped by the rank's share of the memory budget, oldest first.
     pub evicted: u64,
 }
 
@@ -62,7 +62,8 @@ pub struct PrefixIndex {
     sizes: BlockSizes,
     holders: Holders,
     ranks: Vec<RankBlocks>,
-    /// `kv_events.max_blocks_per_rank`, all media together.
+    /// Blocks per rank, all media together: the rank's share of the
+    /// memory budget (`config/budget.rs`).
     cap: usize,
     keys: Vec<u64>,
 }
