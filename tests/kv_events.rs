@@ -8,6 +8,8 @@
 //! clients/python/tests/compat).
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::json;
 
@@ -124,4 +126,48 @@ fn bad_batches_are_counted_and_a_rank_that_goes_down_loses_its_index() {
     );
     assert_eq!(d.metric("dpcoord_kv_index_resets_total{cause=\"down\",dp_rank=\"0\"}"), Some(1.0));
     assert_eq!(d.stop().code(), Some(0));
+}
+
+/// A quick engine restart, as a user of vLLM saw it: the new publisher
+/// (same ports) is at a `seq` past the old one's next before dpcoord hears
+/// it, and the stats side shows no new boot. By `seq` alone that was a gap:
+/// dpcoord replayed from the new buffer and kept the old blocks (claimed,
+/// not held). The link's new session clears the rank; the new publisher's
+/// history comes back by a replay from 0, and `state` says the index is
+/// `degraded` until then and `exact` after.
+#[test]
+fn a_restarted_publisher_whose_seq_passed_the_old_one_leaves_no_old_block() {
+    let ctx = zmq::Context::new();
+    let (mut e, p, r) = engines(&ctx, 1);
+    let d = Daemon::frozen(
+        "1",
+        &[
+            "--kv-events-connect",
+            &format!("tcp://127.0.0.1:{p}+rank"),
+            "--kv-events-replay",
+            &format!("tcp://127.0.0.1:{r}+rank"),
+        ],
+    );
+    join(&d, &mut e);
+    e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
+    assert_eq!(d.ranks()[0]["kv_index"], json!("exact"));
+    let old_next = e[0].next;
+    drop(e);
+    // The new engine made blocks of its own, and its seq is past the old next.
+    // libzmq closes the old listeners on its I/O thread, a moment later.
+    let mut new = eventually("the ports free again", || Engine::bind(&ctx, 0, p, r).ok());
+    for t in 0..old_next + 4 {
+        new.emit(vec![stored(&[100 + t], None, &[9, t as u32])], true);
+    }
+    let reconnect = "dpcoord_kv_index_resets_total{cause=\"reconnect\",dp_rank=\"0\"}";
+    eventually("the new publisher heard", || {
+        new.publish(vec![]);
+        std::thread::sleep(Duration::from_millis(20));
+        (d.metric(reconnect) == Some(1.0) && prefix(&d, &[9, 0]) == json!({"blocks": 1, "matched": [1]})).then_some(())
+    });
+    assert_eq!(prefix(&d, &PROMPT), json!({"blocks": 3, "matched": [0]}), "no block of the old engine");
+    assert_eq!(d.ranks()[0]["kv_index"], json!("exact"));
+    assert_eq!(d.metric("dpcoord_kv_event_gaps_total"), Some(0.0), "a new publisher, not a gap");
+    assert_eq!(d.metric("dpcoord_kv_index_degraded{dp_rank=\"0\"}"), Some(0.0));
 }

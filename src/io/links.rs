@@ -25,6 +25,7 @@ use super::peers::event_of;
 use super::sockets::{self, Source, TransportError};
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
+use crate::wire::SourceKind;
 
 /// How long a closed link waits for libzmq's own retry before dpcoord
 /// connects it again; also the least time between two reconnects of one
@@ -37,6 +38,7 @@ const EVENT_HWM: i32 = 1000;
 /// Events read per poll round, so no socket starves another.
 const BATCH: usize = 256;
 const DISCONNECTED: u16 = zmq::SocketEvent::DISCONNECTED as u16;
+const CONNECTED: u16 = zmq::SocketEvent::CONNECTED as u16;
 /// libzmq is at work on the link: connecting, waiting to retry, or connected.
 const AT_WORK: [u16; 3] = [
     zmq::SocketEvent::CONNECTED as u16,
@@ -49,6 +51,8 @@ const AT_WORK: [u16; 3] = [
 pub struct Link {
     /// Its place in `Sockets::sources`.
     pub source: usize,
+    /// A KV publisher's own link (not its replay socket's): its stream.
+    pub kv_stream: Option<u16>,
     pub endpoint: String,
     pub monitor: zmq::Socket,
 }
@@ -59,19 +63,27 @@ pub fn connect(
     ctx: &zmq::Context,
     s: &zmq::Socket,
     source: usize,
-    name: &'static str,
+    kind: SourceKind,
     endpoint: &str,
 ) -> Result<Link, TransportError> {
+    let name = kind.as_str();
     let inproc = format!("inproc://dpcoord.links.{source}");
     let events = AT_WORK.iter().fold(DISCONNECTED as i32, |all, &e| all | e as i32);
     let monitor = sockets::monitor(ctx, s, &inproc, events, EVENT_HWM, name)?;
     s.connect(endpoint).map_err(sockets::endpoint_err("connect", name, endpoint))?;
-    Ok(Link { source, endpoint: endpoint.to_owned(), monitor })
+    let kv_stream = match kind {
+        SourceKind::KvEvents { stream, replay: false } => Some(stream),
+        _ => None,
+    };
+    Ok(Link { source, kv_stream, endpoint: endpoint.to_owned(), monitor })
 }
 
-/// One link's state: since when it has been closed and not retried.
+/// One link's state: since when it has been closed and not retried, and
+/// whether it connected again since its first connection.
 struct State {
     closed: Option<Instant>,
+    connected_once: bool,
+    renewed: bool,
     reconnects: IntCounter,
 }
 
@@ -114,6 +126,8 @@ impl Relinks {
             .iter()
             .map(|l| State {
                 closed: None,
+                connected_once: false,
+                renewed: false,
                 reconnects: counter.with_label_values(&[sources[l.source].kind.as_str(), &l.endpoint]),
             })
             .collect();
@@ -134,8 +148,18 @@ impl Relinks {
                 Some(false) => state.closed = None,
                 None => {}
             }
+            if event_of(&event[0]).is_some_and(|(id, _)| id == CONNECTED) {
+                state.renewed |= state.connected_once;
+                state.connected_once = true;
+            }
         }
         Ok(true)
+    }
+
+    /// Whether link `i` was connected again (a new session: its peer may
+    /// be a new process) since the last call.
+    pub fn take_renewed(&mut self, i: usize) -> bool {
+        std::mem::take(&mut self.states[i].renewed)
     }
 
     /// When the next closed link is due to be connected again.

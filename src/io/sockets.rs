@@ -218,7 +218,7 @@ impl Opened {
         endpoint: &str,
     ) -> Result<(), TransportError> {
         s.set_maxmsgsize(limit).map_err(sock_err(kind.as_str()))?;
-        self.links.push(links::connect(ctx, &s, self.sources.len(), kind.as_str(), endpoint)?);
+        self.links.push(links::connect(ctx, &s, self.sources.len(), kind, endpoint)?);
         self.sources.push(Source { socket: s, kind });
         Ok(())
     }

@@ -214,7 +214,15 @@ impl Polled<'_> {
     ) -> Result<bool, TransportError> {
         let served = match *self {
             Polled::Monitor(i, _) => gate.count(i, q.coord),
-            Polled::Link(i, l) => relinks.drain(i, &l.monitor, Instant::now()),
+            Polled::Link(i, l) => {
+                let served = relinks.drain(i, &l.monitor, Instant::now());
+                // Before the link's first message of the new session is read
+                // (monitors are served before sources).
+                if let Some(stream) = l.kv_stream.filter(|_| relinks.take_renewed(i)) {
+                    q.coord.kv_new_session(stream);
+                }
+                served
+            }
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q, kv),
             Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),

@@ -63,10 +63,14 @@ pub enum ResetCause {
     Restart,
     Down,
     Gap,
+    /// The publisher's link was connected again: a new session, maybe a
+    /// new publisher whose `seq` says nothing of the old one's.
+    Reconnect,
 }
 
 impl ResetCause {
-    const ALL: [ResetCause; 4] = [ResetCause::Cleared, ResetCause::Restart, ResetCause::Down, ResetCause::Gap];
+    const ALL: [ResetCause; 5] =
+        [ResetCause::Cleared, ResetCause::Restart, ResetCause::Down, ResetCause::Gap, ResetCause::Reconnect];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -74,6 +78,7 @@ impl ResetCause {
             ResetCause::Restart => "restart",
             ResetCause::Down => "down",
             ResetCause::Gap => "gap",
+            ResetCause::Reconnect => "reconnect",
         }
     }
 }
@@ -86,8 +91,9 @@ const EVENT_RESULTS: [&str; 7] =
 struct RankKv {
     events: [IntCounter; 7],
     blocks: [IntGauge; 4],
-    resets: [IntCounter; 4],
+    resets: [IntCounter; 5],
     evicted: IntCounter,
+    degraded: IntGauge,
 }
 
 pub struct KvMetrics {
@@ -98,6 +104,7 @@ pub struct KvMetrics {
     blocks: IntGaugeVec,
     resets: IntCounterVec,
     evicted: IntCounterVec,
+    degraded: IntGaugeVec,
     ranks: Vec<RankKv>,
 }
 
@@ -150,7 +157,21 @@ impl KvMetrics {
             evicted: add(
                 r,
                 IntCounterVec::new(
-                    Opts::new("dpcoord_kv_blocks_evicted_total", "KV blocks dropped, oldest first, to keep the rank in its share of the memory budget."),
+                    Opts::new(
+                        "dpcoord_kv_blocks_evicted_total",
+                        "KV blocks dropped, oldest first, to keep the rank in its share of the memory budget.",
+                    ),
+                    &["dp_rank"],
+                ),
+            ),
+            degraded: add(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "dpcoord_kv_index_degraded",
+                        "1 while a rank's KV index may hold blocks its engine dropped (a gap, a replay or a reset \
+                         under way): it earns no prefix credit from events until exact again.",
+                    ),
                     &["dp_rank"],
                 ),
             ),
@@ -167,6 +188,7 @@ impl KvMetrics {
             blocks: Medium::ALL.map(|md| self.blocks.with_label_values(&[&k, md.as_str()])),
             resets: ResetCause::ALL.map(|c| self.resets.with_label_values(&[&k, c.as_str()])),
             evicted: self.evicted.with_label_values(&[&k]),
+            degraded: self.degraded.with_label_values(&[&k]),
         }
     }
 
@@ -186,6 +208,7 @@ impl KvMetrics {
                 let _ = self.resets.remove_label_values(&[&k, c.as_str()]);
             }
             let _ = self.evicted.remove_label_values(&[&k]);
+            let _ = self.degraded.remove_label_values(&[&k]);
         }
         while self.ranks.len() < dp_size as usize {
             self.ranks.push(self.handles(self.ranks.len()));
@@ -219,12 +242,13 @@ impl KvMetrics {
         }
     }
 
-    /// Sets the block gauges of `rank`.
-    pub fn blocks(&self, rank: u32, per_medium: [usize; 4]) {
+    /// Sets the block gauges of `rank` and whether its index is degraded.
+    pub fn blocks(&self, rank: u32, per_medium: [usize; 4], degraded: bool) {
         if let Some(m) = self.ranks.get(rank as usize) {
             for (g, n) in m.blocks.iter().zip(per_medium) {
                 g.set(i64::try_from(n).unwrap_or(i64::MAX));
             }
+            m.degraded.set(i64::from(degraded));
         }
     }
 }

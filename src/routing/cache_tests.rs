@@ -216,3 +216,36 @@ fn lmetric_weighs_uncached_tokens_by_the_requests_in_flight() {
     let got: Vec<u64> = (0..6).map(|_| place(&mut c, with_prompt())).collect();
     assert_eq!(got, vec![2, 2, 2, 2, 3, 0], "5, 10, 15, 20 < 21; then 25 > 21, ties rotating from the last pick");
 }
+
+/// A degraded index earns no credit: in `events` mode its matches are 0,
+/// in `auto` mode the rank's matches come from dpcoord's own placements,
+/// as for a rank that publishes nothing, until its reset is applied (an
+/// exact, empty index).
+#[test]
+fn a_degraded_rank_earns_no_prefix_credit_from_its_events() {
+    for mode in [PrefixMode::Events, PrefixMode::Auto] {
+        let mut c = coordinator(4, 4.0, mode);
+        store(&mut c, 0, 2, 4);
+        let matched = |c: &mut Coordinator| ask(c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+        assert_eq!(matched(&mut c)["matched"], json!([0, 0, 4, 0]), "{mode:?}");
+        c.kv_new_session(0);
+        assert_eq!(c.state_view(Instant::now()).ranks[2].kv_index, Some("degraded"));
+        assert_eq!(matched(&mut c)["matched"], json!([0, 0, 0, 0]), "{mode:?}: degraded");
+        // A policy pick: learned by the approximate index in auto mode only.
+        let to = place(&mut c, with_prompt()) as usize;
+        let mut want = [0; 4];
+        if mode == PrefixMode::Auto {
+            want[to] = 5;
+        }
+        assert_eq!(matched(&mut c)["matched"], json!(want), "{mode:?}: after a placement on {to}");
+        while c.kv_pending() {
+            c.apply_kv(usize::MAX);
+        }
+        assert_eq!(c.state_view(Instant::now()).ranks[2].kv_index, Some("exact"));
+        assert_eq!(c.state_view(Instant::now()).ranks[0].kv_index, None, "rank 0 never published");
+        if to == 2 {
+            want[2] = 0;
+        }
+        assert_eq!(matched(&mut c)["matched"], json!(want), "{mode:?}: rank 2 exact and empty");
+    }
+}

@@ -137,6 +137,11 @@ impl Coordinator {
         self.kv.take_asks(out);
     }
 
+    /// KV publisher `stream`'s link was connected again (a new session).
+    pub fn kv_new_session(&mut self, stream: u16) {
+        self.kv.new_session(stream);
+    }
+
     /// New settings, in force from the next query on: the rank count (every
     /// per-rank structure grows or shrinks; see [`Coordinator::resize`]),
     /// liveness, penalties, policy, weights, sessions, TTLs and limits.
@@ -419,7 +424,7 @@ impl Coordinator {
 
     /// The engine table as the `state` op and `/state` show it.
     pub fn state_view(&self, now: Instant) -> wire::StateView {
-        super::export::state_view(&self.engines, &self.user, self.kv.index(), self.instance, now)
+        super::export::state_view(&self.engines, &self.user, &self.kv, self.instance, now)
     }
 }
 

@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
+use super::kv::KvStreams;
 use super::user::UserDispatcher;
 use crate::engines::kv::Medium;
-use crate::engines::prefix::PrefixIndex;
 use crate::engines::EngineTable;
 use crate::observability::metrics::Metrics;
 use crate::wire::{Instance, RankView, StateView};
@@ -40,10 +40,11 @@ pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Met
 pub(super) fn state_view(
     engines: &EngineTable,
     user: &UserDispatcher,
-    kv: &PrefixIndex,
+    streams: &KvStreams,
     instance: Instance,
     now: Instant,
 ) -> StateView {
+    let kv = streams.index();
     let ranks = engines
         .iter()
         .enumerate()
@@ -65,6 +66,10 @@ pub(super) fn state_view(
                     .filter(|&(_, n)| n > 0)
                     .collect(),
                 kv_block_size: kv.rank_block_size(rank),
+                kv_index: streams.has_events(rank).then_some(match streams.degraded(rank) {
+                    true => "degraded",
+                    false => "exact",
+                }),
             }
         })
         .collect();

@@ -85,6 +85,9 @@ pub(super) struct KvStreams {
     buffered_bytes: usize,
     /// Ranks a publisher has sent a batch for (their index is event-fed).
     with_events: Vec<bool>,
+    /// Ranks whose index may hold blocks the engine dropped: a replay or a
+    /// reset of theirs is under way ([`KvStreams::degraded`]).
+    degraded: Vec<bool>,
     /// Changes of the index not yet (wholly) applied, oldest first.
     ops: VecDeque<Op>,
     metrics: KvMetrics,
@@ -102,6 +105,7 @@ impl KvStreams {
             asks: Vec::new(),
             buffered_bytes: 0,
             with_events: vec![false; dp_size as usize],
+            degraded: vec![false; dp_size as usize],
             ops: VecDeque::new(),
             metrics,
             log: LogLimiter::default(),
@@ -130,6 +134,49 @@ impl KvStreams {
         self.replay_timeout = kv.replay_timeout;
     }
 
+    /// Whether `rank`'s index is degraded: a gap is being replayed, or a
+    /// reset (a gap that could not be replayed, a restart, a new session)
+    /// is queued, so it may hold blocks its engine no longer has. It is
+    /// exact again only once the replay recovered or the reset is applied,
+    /// never on a guess; exact means every block it holds was stored by
+    /// the engine and not removed since, as an unbroken run of events says.
+    pub fn degraded(&self, rank: u32) -> bool {
+        self.degraded.get(rank as usize).copied().unwrap_or(false)
+    }
+
+    fn refresh_trust(&mut self) {
+        self.degraded.iter_mut().for_each(|d| *d = false);
+        let replaying = self.streams.iter().filter(|st| st.replay.is_some()).filter_map(|st| st.hint.or(st.rank));
+        let resetting = self.ops.iter().filter_map(|op| match op {
+            Op::Reset { rank, .. } => Some(*rank),
+            Op::Apply { .. } => None,
+        });
+        for rank in replaying.chain(resetting) {
+            if let Some(d) = self.degraded.get_mut(rank as usize) {
+                *d = true;
+            }
+        }
+    }
+
+    /// Publisher `stream`'s link was connected again. Its engine may have
+    /// restarted with a `seq` that passed the old one before the link came
+    /// back, so the `seq` cannot tell: the rank's index is cleared, and the
+    /// next batch starts over as a first one (with a replay from 0 where
+    /// the publisher has a replay socket). A link never heard from, or
+    /// connected for the first time, changes nothing.
+    pub fn new_session(&mut self, stream: u16) {
+        let Some(st) = self.streams.get_mut(usize::from(stream)) else { return };
+        if st.next.is_none() && st.replay.is_none() {
+            return;
+        }
+        if let Some(r) = st.replay.take() {
+            self.buffered_bytes -= r.bytes;
+        }
+        st.next = None;
+        let rank = st.hint.or(st.rank);
+        self.reset(rank, ResetCause::Reconnect);
+    }
+
     /// Whether a publisher has sent a batch for `rank`.
     pub fn has_events(&self, rank: u32) -> bool {
         self.with_events.get(rank as usize).copied().unwrap_or(false)
@@ -140,6 +187,7 @@ impl KvStreams {
     pub fn resize(&mut self, dp_size: u32) {
         self.finish();
         self.with_events.resize(dp_size as usize, false);
+        self.degraded.resize(dp_size as usize, false);
         self.index.resize(dp_size);
         self.index.set_cap(budget::events_per_rank(self.index_bytes, dp_size));
         self.metrics.resize(dp_size);
@@ -170,6 +218,7 @@ impl KvStreams {
             (true, KvBody::ReplayEnd) => self.finish_replay(s, None, now),
             (false, KvBody::ReplayEnd) => {}
         }
+        self.refresh_trust();
     }
 
     fn live(&mut self, s: usize, seq: u64, batch: Payload, now: Instant) {
@@ -353,6 +402,7 @@ impl KvStreams {
                 None => {}
             }
         }
+        self.refresh_trust();
         used
     }
 
@@ -377,6 +427,7 @@ impl KvStreams {
     pub fn reset(&mut self, rank: Option<u32>, cause: ResetCause) {
         let Some(rank) = rank.filter(|&r| r < self.index.dp_size()) else { return };
         self.ops.push_back(Op::Reset { rank, cause, at: Progress::default() });
+        self.degraded[rank as usize] = true;
     }
 
     /// Whether a reset of `rank` is queued.
@@ -397,11 +448,12 @@ impl KvStreams {
                 self.finish_replay(s, Some(ReplayResult::Timeout), now);
             }
         }
+        self.refresh_trust();
         for rank in 0..self.index.dp_size() {
             if engines.get(rank).status == Status::Down && self.index.holds_any(rank) && !self.resetting(rank) {
                 self.reset(Some(rank), ResetCause::Down);
             }
-            self.metrics.blocks(rank, Medium::ALL.map(|m| self.index.blocks(rank, m)));
+            self.metrics.blocks(rank, Medium::ALL.map(|m| self.index.blocks(rank, m)), self.degraded(rank));
         }
     }
 }

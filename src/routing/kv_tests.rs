@@ -315,3 +315,66 @@ fn changes_are_queued_in_order_and_applied_a_slice_at_a_time() {
     assert_eq!(counter(&r, "dpcoord_kv_batches_total", ("result", "ok")), 2);
     assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "gap")), 1);
 }
+
+/// The sequence a quick engine restart makes: the new publisher's `seq`
+/// passes the old one's before dpcoord hears it. By `seq` alone that is a
+/// gap whose replay (from the new buffer) keeps the old blocks; the link's
+/// new session clears them, and the rank is degraded until the new
+/// publisher's history is replayed from 0.
+#[test]
+fn a_new_session_clears_the_rank_whatever_the_new_seq_and_degrades_it_until_replayed() {
+    let (mut s, r) = streams();
+    let t0 = Instant::now();
+    s.on_message(msg(false, 0, store(1)), t0);
+    s.on_message(msg(false, 1, store(2)), t0);
+    assert!(holds(&s, 1) && holds(&s, 2) && !s.degraded(0));
+    s.new_session(0);
+    assert!(s.degraded(0), "a reset is queued");
+    s.finish();
+    assert!(!holds(&s, 1) && !holds(&s, 2), "the old publisher's blocks are gone");
+    assert!(!s.degraded(0), "an applied reset leaves an exact (empty) index");
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "reconnect")), 1);
+    // The new publisher is at seq 7: a first batch, so a replay from 0.
+    s.on_message(msg(false, 7, store(8)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 0)]);
+    assert!(s.degraded(0), "replaying");
+    s.on_message(msg(true, 6, store(7)), t0);
+    s.on_message(msg(true, 7, store(8)), t0);
+    s.on_message(end(), t0);
+    assert!(holds(&s, 7) && holds(&s, 8) && !holds(&s, 2));
+    assert!(!s.degraded(0), "the replay delivered the new publisher's history");
+    assert_eq!(counter(&r, "dpcoord_kv_event_gaps_total", ("", "")), 0, "no gap: a new publisher");
+}
+
+#[test]
+fn a_first_session_or_a_link_never_heard_changes_nothing() {
+    let (mut s, r) = streams();
+    s.new_session(0);
+    s.new_session(9);
+    s.finish();
+    assert_eq!(counter(&r, "dpcoord_kv_index_resets_total", ("cause", "reconnect")), 0);
+    assert!(!s.degraded(0));
+}
+
+/// A gap degrades the rank while its replay runs; a replay that cannot
+/// cover it clears the rank, and only the applied clear makes it exact.
+#[test]
+fn a_gap_degrades_the_rank_until_recovered_or_cleared() {
+    let (mut s, _r) = streams();
+    let t0 = Instant::now();
+    s.on_message(msg(false, 0, store(1)), t0);
+    s.on_message(msg(false, 2, store(3)), t0);
+    assert_eq!(asks(&mut s), vec![(0, 1)]);
+    assert!(s.degraded(0));
+    s.on_message(msg(true, 1, store(2)), t0);
+    s.on_message(msg(true, 2, store(3)), t0);
+    s.on_message(end(), t0);
+    assert!(!s.degraded(0) && holds(&s, 2), "recovered");
+    s.on_message(msg(false, 5, store(6)), t0);
+    assert!(s.degraded(0));
+    s.on_message(msg(true, 4, store(5)), t0);
+    s.accept(end(), t0);
+    assert!(s.degraded(0), "the replay missed seq 3: a clear is queued");
+    s.finish();
+    assert!(!s.degraded(0) && !holds(&s, 1));
+}

@@ -105,24 +105,30 @@ impl PrefixRouting {
             Prompt::Keys { .. } => prompt.keys_into(&mut self.keys),
         }
         let index = kv.index();
-        match self.mode {
-            PrefixMode::Events => index.leading(&self.keys, &mut self.matched),
-            PrefixMode::Approximate => self.approx.leading(&self.keys, &mut self.matched),
-            PrefixMode::Auto => {
-                index.leading(&self.keys, &mut self.matched);
-                if (0..index.dp_size()).any(|r| !kv.has_events(r)) {
-                    self.approx.leading(&self.keys, &mut self.approx_matched);
-                    for (r, m) in self.matched.iter_mut().enumerate() {
-                        if !kv.has_events(r as u32) {
-                            *m = self.approx_matched[r];
-                        }
-                    }
-                }
-            }
+        if self.mode == PrefixMode::Approximate {
+            self.approx.leading(&self.keys, &mut self.matched);
+        } else {
+            index.leading(&self.keys, &mut self.matched);
         }
         self.sizes.clear();
         if index.block_sizes().len() > 1 && self.mode != PrefixMode::Approximate {
             self.other_sizes(prompt, kv, bs);
+        }
+        // Ranks whose events do not speak for them: none yet (auto: dpcoord's
+        // own placements), or a degraded index (no credit from it).
+        if self.mode != PrefixMode::Approximate && (0..index.dp_size()).any(|r| !Self::events_trusted(kv, r)) {
+            let auto = self.mode == PrefixMode::Auto;
+            if auto {
+                self.approx.leading(&self.keys, &mut self.approx_matched);
+            }
+            for (r, m) in self.matched.iter_mut().enumerate() {
+                let r = r as u32;
+                if auto && !Self::events_trusted(kv, r) {
+                    *m = self.approx_matched[r as usize];
+                } else if kv.degraded(r) {
+                    *m = 0;
+                }
+            }
         }
         PrefixView { matched: &self.matched, block_size: u64::from(bs), sizes: &self.sizes, prompt_tokens }
     }
@@ -147,6 +153,12 @@ impl PrefixRouting {
         }
     }
 
+    /// Whether rank `rank`'s matches come from its KV events: it has
+    /// published, and its index is exact.
+    fn events_trusted(kv: &KvStreams, rank: u32) -> bool {
+        kv.has_events(rank) && !kv.degraded(rank)
+    }
+
     /// The last looked-up prompt was placed on `rank` by a policy pick:
     /// the approximate index takes it as cached there, unless that rank's
     /// matches come from its KV events. Returns the keys its share of the
@@ -155,7 +167,7 @@ impl PrefixRouting {
         let learns = match self.mode {
             PrefixMode::Events => false,
             PrefixMode::Approximate => true,
-            PrefixMode::Auto => !kv.has_events(rank),
+            PrefixMode::Auto => !Self::events_trusted(kv, rank),
         };
         if learns {
             self.approx.record(rank, &self.keys, now)

@@ -40,6 +40,7 @@ fn worst_rank() -> RankView {
         load: f64::MAX,
         kv_blocks: Medium::ALL.into_iter().map(|m| (m.as_str(), u64::MAX)).collect(),
         kv_block_size: Some(u32::MAX),
+        kv_index: Some("degraded"),
     }
 }
 

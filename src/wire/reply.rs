@@ -127,6 +127,9 @@ pub struct RankView {
     pub kv_blocks: std::collections::BTreeMap<&'static str, u64>,
     /// The block size this rank's KV events use; nil until it stores one.
     pub kv_block_size: Option<u32>,
+    /// Whether this rank's KV-event index is `exact` or `degraded`; nil
+    /// until its publisher sends a batch.
+    pub kv_index: Option<&'static str>,
 }
 
 /// The engine table as the `state` op and `/state` show it.
