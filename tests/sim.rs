@@ -274,7 +274,7 @@ fn vllm_dp_compares_vllms_rule_with_dpcoord_and_repeats_byte_for_byte() {
     for want in [
         "vllm-rule 2 480 0 92,762 687.8 1608.7 2477.0 25.5 1.50 60 62 62 60 59 61 58 58",
         "least_load 2 480 0 95,683 317.5 992.3 2343.0 26.0 1.58 58 60 62 60 59 63 59 59",
-        "cache_aware/events 2 480 0 162,851 91.4 992.3 2343.0 69.8 4.33 61 58 60 66 52 62 65 56",
+        "cache_aware/events 2 480 0 167,517 123.1 992.3 1998.3 72.4 6.32 57 51 68 67 68 59 54 56",
     ] {
         let c = cells(want);
         assert_eq!(row(&text, c[0], c[1]), c, "{want}");
@@ -285,8 +285,8 @@ fn vllm_dp_compares_vllms_rule_with_dpcoord_and_repeats_byte_for_byte() {
         assert_eq!(c[10..].iter().map(|n| n.parse::<u64>().unwrap()).sum::<u64>(), 480, "{arm}: placed once");
     }
     for line in [
-        "2 API servers, cache_aware/events vs vllm-rule: input tok/s 162,851 vs 92,762 (x1.76), ttft p50 91.4 vs \
-         687.8 ms, p99 2343.0 vs 2477.0 ms (x0.95), hit 69.8 vs 25.5 %",
+        "2 API servers, cache_aware/events vs vllm-rule: input tok/s 167,517 vs 92,762 (x1.81), ttft p50 123.1 vs \
+         687.8 ms, p99 1998.3 vs 2477.0 ms (x0.81), hit 72.4 vs 25.5 %",
         "zero requests lost in every arm",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");

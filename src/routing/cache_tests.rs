@@ -249,3 +249,25 @@ fn a_degraded_rank_earns_no_prefix_credit_from_its_events() {
         assert_eq!(matched(&mut c)["matched"], json!(want), "{mode:?}: rank 2 exact and empty");
     }
 }
+
+/// Siblings arriving before the engine's first `BlockStored` (best-of-N):
+/// each lands where the first went, as if its placement were cached,
+/// until `routing.pending_ttl_ms` passes without events confirming it.
+#[test]
+fn siblings_land_together_until_events_confirm_or_the_placement_expires() {
+    let mut c = coordinator(4, 4.0, PrefixMode::Events);
+    for rank in 0..4 {
+        store(&mut c, u64::from(rank), rank, 0);
+    }
+    let first = place(&mut c, with_prompt());
+    for _ in 0..3 {
+        assert_eq!(place(&mut c, with_prompt()), first, "a sibling follows the first");
+    }
+    let other = json!({"v": 1, "op": "route", "tokens": [9, 9, 9, 9, 9, 9, 9, 9]});
+    assert_ne!(place(&mut c, other), first, "an unrelated prompt goes by load");
+    let r = ask(&mut c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
+    assert_eq!(r["matched"], json!([0, 0, 0, 0]), "the prefix op reports what events say is held");
+    assert!(!c.prefix.recent_is_empty());
+    c.tick(Instant::now() + Duration::from_secs(3));
+    assert!(c.prefix.recent_is_empty(), "forgotten after pending_ttl_ms");
+}

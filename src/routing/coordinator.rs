@@ -329,7 +329,10 @@ impl Coordinator {
         if !self.user.policy().uses_prefix() {
             return self.user.route(&req, &self.engines, None, now, out);
         }
-        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv);
+        // Recent placements count for `cache_aware` only: `lmetric` is the
+        // field's scorer as published, the baseline to beat.
+        let siblings = self.user.policy() == super::PolicyKind::CacheAware;
+        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
         // What a policy pick will leave in the rank's cache (approximate mode).
         if req.target == Target::Policy && req.session.is_none() {
@@ -404,7 +407,7 @@ impl Coordinator {
     /// of them, from the first, each rank holds (as `cache_aware` sees them).
     fn answer_prefix(&mut self, id: Option<Id<'_>>, prompt: &Prompt<'_>, out: &mut Vec<u8>) {
         let length = PrefixRouting::prompt_tokens(prompt, &self.kv);
-        let view = self.prefix.lookup(prompt, length, &self.kv);
+        let view = self.prefix.lookup(prompt, length, &self.kv, false);
         let blocks = (length / view.block_size) as usize;
         wire::encode_prefix(out, id, blocks, view.matched);
     }

@@ -14,6 +14,12 @@ use crate::wire::Prompt;
 /// approximate index's granularity; vLLM's default).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 
+/// The approximate index's share of the budget, split: 3/4 for the
+/// approximate index, 1/4 for recent placements on event-fed ranks.
+fn split(bytes: u64) -> (u64, u64) {
+    (bytes - bytes / 4, bytes / 4)
+}
+
 /// One request's prefix matches, per rank.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefixView<'a> {
@@ -39,6 +45,12 @@ impl PrefixView<'_> {
 
 pub(super) struct PrefixRouting {
     approx: ApproxIndex,
+    /// Placements on ranks whose matches come from KV events, kept for
+    /// `routing.pending_ttl_ms`: a prompt's siblings (best-of-N, an agent's
+    /// fan-out) arriving before the engine's first `BlockStored` land where
+    /// the first went, until the events say what the engine holds.
+    recent: ApproxIndex,
+    recent_matched: Vec<u32>,
     mode: PrefixMode,
     tokens: Vec<u32>,
     keys: Vec<u64>,
@@ -53,8 +65,11 @@ pub(super) struct PrefixRouting {
 impl PrefixRouting {
     pub fn new(s: &Settings) -> Self {
         let c = &s.routing.cache;
+        let (approx, recent) = split(s.memory.approx_index);
         PrefixRouting {
-            approx: ApproxIndex::new(s.engines.dp_size, c.ttl, s.memory.approx_index),
+            approx: ApproxIndex::new(s.engines.dp_size, c.ttl, approx),
+            recent: ApproxIndex::new(s.engines.dp_size, s.routing.pending_ttl, recent),
+            recent_matched: Vec::new(),
             mode: c.mode,
             tokens: Vec::new(),
             keys: Vec::new(),
@@ -68,15 +83,25 @@ impl PrefixRouting {
 
     pub fn reload(&mut self, s: &Settings) {
         self.mode = s.routing.cache.mode;
-        self.approx.set_limits(s.routing.cache.ttl, s.memory.approx_index);
+        let (approx, recent) = split(s.memory.approx_index);
+        self.approx.set_limits(s.routing.cache.ttl, approx);
+        self.recent.set_limits(s.routing.pending_ttl, recent);
     }
 
     pub fn resize(&mut self, dp_size: u32) {
         self.approx.resize(dp_size);
+        self.recent.resize(dp_size);
+    }
+
+    /// Whether no recent placement is kept.
+    #[cfg(test)]
+    pub fn recent_is_empty(&self) -> bool {
+        self.recent.is_empty()
     }
 
     pub fn tick(&mut self, now: Instant) {
         self.approx.expire(now);
+        self.recent.expire(now);
     }
 
     /// The block size prompts are keyed with first: the one most ranks
@@ -94,7 +119,14 @@ impl PrefixRouting {
     }
 
     /// Keys `prompt` and looks its chain up; `prompt_tokens` is its length.
-    pub fn lookup(&mut self, prompt: &Prompt<'_>, prompt_tokens: u64, kv: &KvStreams) -> PrefixView<'_> {
+    /// With `siblings`, recent placements on event-fed ranks count as cached.
+    pub fn lookup(
+        &mut self,
+        prompt: &Prompt<'_>,
+        prompt_tokens: u64,
+        kv: &KvStreams,
+        siblings: bool,
+    ) -> PrefixView<'_> {
         let bs = Self::block_size(kv);
         match *prompt {
             Prompt::Tokens { lora, salt, .. } => {
@@ -113,6 +145,13 @@ impl PrefixRouting {
         self.sizes.clear();
         if index.block_sizes().len() > 1 && self.mode != PrefixMode::Approximate {
             self.other_sizes(prompt, kv, bs);
+        }
+        // Siblings: a placement not yet confirmed by events counts as cached.
+        if siblings && self.mode != PrefixMode::Approximate && !self.recent.is_empty() {
+            self.recent.leading(&self.keys, &mut self.recent_matched);
+            for (m, &r) in self.matched.iter_mut().zip(&self.recent_matched) {
+                *m = (*m).max(r);
+            }
         }
         // Ranks whose events do not speak for them: none yet (auto: dpcoord's
         // own placements), or a degraded index (no credit from it).
@@ -161,8 +200,9 @@ impl PrefixRouting {
 
     /// The last looked-up prompt was placed on `rank` by a policy pick:
     /// the approximate index takes it as cached there, unless that rank's
-    /// matches come from its KV events. Returns the keys its share of the
-    /// memory budget evicted to make room.
+    /// matches come from its KV events: then it is a recent placement, for
+    /// its siblings. Returns the keys the index's share of the memory
+    /// budget evicted to make room.
     pub fn learn(&mut self, rank: u32, kv: &KvStreams, now: Instant) -> usize {
         let learns = match self.mode {
             PrefixMode::Events => false,
@@ -171,6 +211,8 @@ impl PrefixRouting {
         };
         if learns {
             self.approx.record(rank, &self.keys, now)
+        } else if self.mode != PrefixMode::Approximate && Self::events_trusted(kv, rank) {
+            self.recent.record(rank, &self.keys, now)
         } else {
             0
         }

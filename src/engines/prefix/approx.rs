@@ -49,6 +49,11 @@ impl ApproxIndex {
         self.cap
     }
 
+    /// Whether no rank holds a key.
+    pub fn is_empty(&self) -> bool {
+        self.holders.len() == 0
+    }
+
     /// Keys rank `rank` is taken to hold.
     pub fn len(&self, rank: u32) -> usize {
         self.ranks.get(rank as usize).map_or(0, |r| r.seen.len())
