@@ -1,14 +1,22 @@
 //! Answering queries on the route and health sockets: one query received,
 //! answered and sent back along its envelope; a `reload` op handed to
-//! `io::reload` to be answered after its read.
+//! `io::reload` to be answered after its read; and the health socket's
+//! share of each poll round.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::frames::{Drops, Frames, Parsed};
 use crate::io::reload::{Reloads, Waiter};
 use crate::io::sockets::{sock_err, TransportError};
 use crate::routing::{Answered, Coordinator};
 use crate::wire::{Channel, OwnedId, WireError};
+
+/// Work on health queries per poll round (one query at least, then until
+/// this much time has passed) before the other sockets, route first, are
+/// served again; the rest waits in libzmq's queue for the next round. A
+/// `prefix` op keys a whole prompt, so a flood of them would otherwise hold
+/// route queries for a batch of them (256 x a long prompt).
+pub(super) const HEALTH_BUDGET: Duration = Duration::from_micros(100);
 
 /// Receives one query and answers it, or drops it when its envelope
 /// breaks a bound; `false` when none was waiting. A `reload` op is
@@ -82,17 +90,23 @@ pub(super) struct Queries<'a> {
     pub reloads: Reloads,
 }
 
-/// Answers queries until EAGAIN; `true` when `limit` stopped it first.
+/// Answers queries until EAGAIN; `true` when `limit` or `budget` (the time
+/// since the first) stopped it first.
 pub(super) fn drain_queries(
     s: &zmq::Socket,
     ch: Channel,
     q: &mut Queries<'_>,
     limit: usize,
+    budget: Option<Duration>,
 ) -> Result<bool, TransportError> {
     let name = ch.as_str();
+    let started = budget.map(|b| (Instant::now(), b));
     for _ in 0..limit {
         if !serve_one(s, ch, q).map_err(sock_err(name))? {
             return Ok(false);
+        }
+        if started.is_some_and(|(t0, b)| t0.elapsed() >= b) {
+            return Ok(true);
         }
     }
     Ok(true)

@@ -22,7 +22,7 @@ use super::zap::{self, Gate};
 use crate::routing::Coordinator;
 use crate::wire::{Channel, SourceKind};
 use frames::{Drops, Frames};
-use queries::{answer_along, drain_queries, serve_one, Queries};
+use queries::{answer_along, drain_queries, serve_one, Queries, HEALTH_BUDGET};
 
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
@@ -165,7 +165,10 @@ impl Polled<'_> {
             Polled::Link(i, l) => relinks.drain(i, &l.monitor, Instant::now()),
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q, kv),
-            Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
+            Polled::Query(s, Channel::Health) => {
+                return drain_queries(s, Channel::Health, q, BATCH, Some(HEALTH_BUDGET))
+            }
+            Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH, None),
         };
         served.map_err(sock_err(self.name()))
     }
@@ -181,7 +184,8 @@ impl Polled<'_> {
 /// armed to signal the next message; a socket its batch limit stopped early
 /// is served again without waiting. Sockets are served in the order
 /// monitors, ZAP, source links, sources, route, health: a round counts the
-/// connections it knows of before it answers ZAP about them. After each
+/// connections it knows of before it answers ZAP about them; health
+/// queries take at most [`HEALTH_BUDGET`] a round. After each
 /// round, source links libzmq closed for good are connected again
 /// (`io::links`).
 /// `fds` is the descriptor budget found at start, which may hold a bound
