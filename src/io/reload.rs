@@ -33,20 +33,19 @@ type ReadFn = Box<dyn FnMut() -> Result<Config, ConfigError> + Send>;
 /// Where a reload reads the configuration: as at start, the file again with
 /// the same flags folded in (so flags still win).
 pub struct ConfigSource {
-    /// What is read, as messages name it (the file's path); `None` when
-    /// dpcoord was started without a file: a reload is refused.
-    what: Option<String>,
-    read: ReadFn,
+    /// What is read, as messages name it (the file's path), and how; `None`
+    /// when dpcoord was started without a file: a reload is refused.
+    file: Option<(String, ReadFn)>,
 }
 
 impl ConfigSource {
     pub fn new(what: impl Into<String>, read: impl FnMut() -> Result<Config, ConfigError> + Send + 'static) -> Self {
-        ConfigSource { what: Some(what.into()), read: Box::new(read) }
+        ConfigSource { file: Some((what.into(), Box::new(read))) }
     }
 
     /// Started without a configuration file: nothing to re-read.
     pub fn none() -> Self {
-        ConfigSource { what: None, read: Box::new(|| Err(err("config", "no file"))) }
+        ConfigSource { file: None }
     }
 }
 
@@ -102,15 +101,14 @@ impl Reloads {
     /// Starts the reader thread when there is a file to read. The thread is
     /// never joined: it ends after its read once `Reloads` is dropped.
     pub fn start(source: ConfigSource) -> std::io::Result<Reloads> {
-        let reader = match source.what {
+        let reader = match source.file {
             None => None,
-            Some(what) => {
+            Some((what, read)) => {
                 let (bell, ringer) = UnixStream::pair()?;
                 bell.set_nonblocking(true)?;
                 ringer.set_nonblocking(true)?;
                 let (jobs, rx) = mpsc::channel();
                 let (tx, done) = mpsc::channel();
-                let read = source.read;
                 std::thread::Builder::new()
                     .name("config-read".into())
                     .spawn(move || read_loop(rx, tx, ringer, read))?;
