@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::io::daemon::Daemon;
+use dpcoord::io::reload::ConfigSource;
 use dpcoord::io::sockets::TransportError;
 use dpcoord::io::{http, ipc};
-use dpcoord::routing::ConfigSource;
 
 /// The command's own arguments; the config flags (`--dp-size`, ...) are
 /// added from the key specs by [`command_line`].
@@ -166,9 +166,15 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Reads the configuration again as at start: the same file, the same flags.
+/// Reads the configuration again as at start: the same file, the same
+/// flags. Without a file there is nothing to re-read: a reload is refused.
 fn reloader(config: Option<PathBuf>, matches: ArgMatches) -> ConfigSource {
-    Box::new(move || table(config.as_ref(), &matches).and_then(Config::from_table))
+    match config {
+        Some(path) => ConfigSource::new(path.display().to_string(), move || {
+            table(Some(&path), &matches).and_then(Config::from_table)
+        }),
+        None => ConfigSource::none(),
+    }
 }
 
 /// Prints `e` as dpcoord's one error line and exits with `code`.

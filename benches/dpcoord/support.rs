@@ -199,6 +199,7 @@ pub struct Daemon {
     _dir: tempfile::TempDir,
     pub ctx: zmq::Context,
     pub route: String,
+    pub health: String,
     pub stats: String,
     pub metrics: SocketAddr,
 }
@@ -221,7 +222,7 @@ impl Daemon {
                 .env("RUST_LOG", "warn"),
         )
         .expect("spawn dpcoord");
-        let d = Daemon { proc, _dir: dir, ctx: zmq::Context::new(), route, stats, metrics };
+        let d = Daemon { proc, _dir: dir, ctx: zmq::Context::new(), route, health, stats, metrics };
         let ping = {
             let mut b = Vec::new();
             Mp(&mut b).map(2).str("v").uint(1).str("op").str("ping");

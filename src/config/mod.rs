@@ -312,14 +312,20 @@ pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// Reads and parses a configuration file: a regular file (a FIFO or a device
 /// would block or never end) of at most [`MAX_FILE_BYTES`].
+///
+/// The path is opened without blocking (`O_NONBLOCK`: opening a FIFO to
+/// read returns at once instead of waiting for a writer) and the opened
+/// descriptor is checked, not the path: a check of the path and then an
+/// `open` would let the path be swapped for a FIFO in between.
 pub fn read_file(path: &std::path::Path) -> Result<toml::Table, ConfigError> {
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let cannot = |e: std::io::Error| err("config", format!("cannot read {}: {e}", path.display()));
-    // Checked before opening: opening a FIFO to read waits for a writer.
-    if !std::fs::metadata(path).map_err(cannot)?.is_file() {
+    // std opens with O_CLOEXEC already.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(cannot)?;
+    if !file.metadata().map_err(cannot)?.is_file() {
         return Err(err("config", format!("{} is not a regular file", path.display())));
     }
-    let file = std::fs::File::open(path).map_err(cannot)?;
     let mut text = String::new();
     file.take(MAX_FILE_BYTES + 1).read_to_string(&mut text).map_err(cannot)?;
     if text.len() as u64 > MAX_FILE_BYTES {

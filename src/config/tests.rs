@@ -239,3 +239,26 @@ fn vllm_metrics_urls_are_plain_http_with_a_port_and_a_path() {
     }
     assert_eq!(key_of("[engines]\nvllm_metrics_interval_ms = 10"), "engines.vllm_metrics_interval_ms");
 }
+
+/// A FIFO nobody writes is refused at once: the open does not wait for a
+/// writer and the opened descriptor is what is checked. Run on a thread so
+/// that a regression fails the test instead of hanging it.
+#[test]
+fn a_fifo_nobody_writes_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("dpcoord.toml");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || tx.send(read_file(&path)));
+    let read = rx.recv_timeout(std::time::Duration::from_secs(5)).expect("read_file blocked on a FIFO");
+    assert_eq!(read, Err(err("config", format!("{} is not a regular file", fifo.display()))));
+    // A directory is refused the same way; a missing file names the OS error.
+    assert_eq!(read_file(dir.path()), Err(err("config", format!("{} is not a regular file", dir.path().display()))));
+    let missing = dir.path().join("missing.toml");
+    assert_eq!(
+        read_file(&missing),
+        Err(err("config", format!("cannot read {}: No such file or directory (os error 2)", missing.display())))
+    );
+}

@@ -8,11 +8,12 @@ use std::time::Instant;
 use crate::config::Config;
 use crate::io::fds::Budget;
 use crate::io::http;
+use crate::io::reload::ConfigSource;
 use crate::io::scrape::Scraper;
 use crate::io::sockets::{Sockets, TransportError};
 use crate::io::transport::{self, Control};
 use crate::observability::metrics::Metrics;
-use crate::routing::{ConfigSource, Coordinator, Published};
+use crate::routing::{Coordinator, Published};
 
 /// A running daemon; [`Daemon::stop`] ends it.
 pub struct Daemon {
@@ -43,14 +44,14 @@ impl Daemon {
         let registry = metrics.registry.clone();
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
         let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now())
-            .with_config_source(cfg.server.clone(), source)
+            .with_server(cfg.server.clone())
             .with_kv_endpoints(&cfg.server.kv_events);
         let published = coord.published();
         let control = Arc::new(Control::default());
         let shared = Arc::clone(&control);
         let thread = std::thread::Builder::new()
             .name("coordinator".into())
-            .spawn(move || transport::serve(sockets, &mut coord, &shared, fds))
+            .spawn(move || transport::serve(sockets, &mut coord, &shared, fds, source))
             .map_err(TransportError::Thread)?;
         tracing::info!(
             route = %cfg.server.route_bind,
@@ -77,7 +78,8 @@ impl Daemon {
 
     /// Asks the coordinator to answer what is queued and stop, ends the
     /// scraper meanwhile (a request in flight may take its timeout), and
-    /// waits for both.
+    /// waits for both (not for a configuration read in flight: its thread
+    /// is left to end on its own).
     pub fn stop(self) -> Result<(), TransportError> {
         self.control.stop.store(true, Ordering::Relaxed);
         self.scraper.stop();

@@ -12,6 +12,7 @@ mod niceness;
 mod peer_sources;
 mod peers;
 pub mod probe;
+pub mod reload;
 pub mod scrape;
 pub mod signals;
 pub mod sockets;

@@ -16,11 +16,13 @@ use super::fds::Budget;
 use super::kv_decode::{self, KvDecoder};
 use super::links::{Link, Relinks};
 use super::peers::{Monitor, Peers};
+use super::reload::{ConfigSource, Reloads};
 use super::sockets::{sock_err, Sockets, Source, TransportError};
 use super::zap::{self, Gate};
 use crate::routing::Coordinator;
 use crate::wire::{Channel, SourceKind};
-use frames::{Drops, Frames, Parsed};
+use frames::{Drops, Frames};
+use queries::{answer_along, drain_queries, serve_one, Queries, HEALTH_BUDGET};
 
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
@@ -40,49 +42,6 @@ const STOP_QUIET: Duration = Duration::from_millis(100);
 /// The longest that answering goes on after a stop, so peers that never
 /// pause cannot hold shutdown open; with the sockets' linger, under the 2 s promise.
 const STOP_BUDGET: Duration = Duration::from_millis(500);
-
-/// Receives one query and answers it, or drops it when its envelope
-/// breaks a bound; `false` when none was waiting.
-fn serve_one(s: &zmq::Socket, ch: Channel, q: &mut Queries<'_>) -> Result<bool, zmq::Error> {
-    let Queries { frames: f, coord, drops } = q;
-    if !f.recv(s)? {
-        return Ok(false);
-    }
-    let now = Instant::now();
-    let mut reply = std::mem::take(&mut f.reply);
-    let envelope = match f.parse() {
-        Parsed::Drop(why, size) => {
-            drops.count(ch, why, size, now);
-            f.reply = reply;
-            return Ok(true);
-        }
-        Parsed::Query { envelope, body: [payload], frames: 1 } => {
-            coord.on_query(ch, payload, now, &mut reply);
-            envelope
-        }
-        Parsed::Query { envelope, frames, .. } => {
-            coord.on_bad_frames(ch, frames, now, &mut reply);
-            envelope
-        }
-    };
-    for frame in envelope {
-        s.send(&frame[..], zmq::SNDMORE | zmq::DONTWAIT)?;
-    }
-    if let Err(e) = s.send(&reply[..], zmq::DONTWAIT) {
-        // ROUTER drops replies to peers that are gone or not reading.
-        tracing::debug!(channel = ch.as_str(), error = %e, "reply not sent");
-    }
-    f.reply = reply;
-    Ok(true)
-}
-
-/// What answering queries needs: the receive buffer, the coordinator, and
-/// the count of dropped queries.
-struct Queries<'a> {
-    frames: Frames,
-    coord: &'a mut Coordinator,
-    drops: Drops,
-}
 
 /// Reads a source until EAGAIN; `true` when the batch limit stopped it
 /// first. A KV source's messages go to the decoder, and it stops early
@@ -139,17 +98,6 @@ impl Kv {
             }
         }
     }
-}
-
-/// Answers queries until EAGAIN; `true` when `limit` stopped it first.
-fn drain_queries(s: &zmq::Socket, ch: Channel, q: &mut Queries<'_>, limit: usize) -> Result<bool, TransportError> {
-    let name = ch.as_str();
-    for _ in 0..limit {
-        if !serve_one(s, ch, q).map_err(sock_err(name))? {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// Asks KV publisher `stream` to replay its batches from `from` (an empty
@@ -225,7 +173,10 @@ impl Polled<'_> {
             }
             Polled::Zap(z) => zap::drain(z, q.coord, gate),
             Polled::Source(src) => drain_source(src, q, kv),
-            Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH),
+            Polled::Query(s, Channel::Health) => {
+                return drain_queries(s, Channel::Health, q, BATCH, Some(HEALTH_BUDGET))
+            }
+            Polled::Query(s, ch) => return drain_queries(s, ch, q, BATCH, None),
         };
         served.map_err(sock_err(self.name()))
     }
@@ -241,12 +192,19 @@ impl Polled<'_> {
 /// armed to signal the next message; a socket its batch limit stopped early
 /// is served again without waiting. Sockets are served in the order
 /// monitors, ZAP, source links, sources, route, health: a round counts the
-/// connections it knows of before it answers ZAP about them. After each
+/// connections it knows of before it answers ZAP about them; health
+/// queries take at most [`HEALTH_BUDGET`] a round. After each
 /// round, source links libzmq closed for good are connected again
 /// (`io::links`).
 /// `fds` is the descriptor budget found at start, which may hold a bound
-/// socket's peers below its cap.
-pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: Budget) -> Result<(), TransportError> {
+/// socket's peers below its cap; `source` is where a reload reads.
+pub fn serve(
+    sockets: Sockets,
+    coord: &mut Coordinator,
+    control: &Control,
+    fds: Budget,
+    source: ConfigSource,
+) -> Result<(), TransportError> {
     let Sockets { sources, route, health, zap, monitors, links, .. } = &sockets;
     let polled: Vec<Polled<'_>> = monitors
         .iter()
@@ -273,24 +231,31 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
             Some(Kv { decoder, blocked: false })
         }
     };
+    let reloads = Reloads::start(source).map_err(TransportError::Thread)?;
+    let reload_bell = reloads.bell_fd().map(|fd| {
+        items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+        items.len() - 1
+    });
     let drops = Drops::new(&coord.metrics().registry);
     let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
     let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
-    let mut q = Queries { frames: Frames::new(), coord, drops };
+    let mut q = Queries { frames: Frames::new(), coord, drops, reloads };
     let mut asks = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
     while !control.stop.load(Ordering::Relaxed) {
-        let coord = &mut *q.coord;
         let now = Instant::now();
         if control.reload.swap(false, Ordering::Relaxed) {
-            // Counted and logged by the coordinator; a refusal changes nothing.
-            let _ = coord.reload_config(now);
+            // SIGHUP answers no one: counted and logged by the coordinator.
+            q.reloads.ask(None, q.coord, now, &mut answer_along(health));
         }
+        q.reloads.poll(q.coord, now, &mut answer_along(health));
+        let coord = &mut *q.coord;
         if now >= coord.next_tick() {
             coord.tick(now);
         }
-        let wake = relinks.next_due().map_or(coord.next_tick(), |due| due.min(coord.next_tick()));
+        let wake =
+            [relinks.next_due(), q.reloads.next_due()].into_iter().flatten().fold(coord.next_tick(), Instant::min);
         let kv_busy = kv.as_mut().is_some_and(|kv| coord.kv_pending() || kv.decoder.has_ready());
         let wait = match unfinished.contains(&true) || kv_busy {
             true => 0,
@@ -308,6 +273,10 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
             if unfinished[i] || timed_out || items[i].is_readable() {
                 unfinished[i] = p.drain(&mut q, &mut gate, &mut relinks, &mut kv)?;
             }
+        }
+        if reload_bell.is_some_and(|i| items[i].is_readable()) {
+            q.reloads.quiet();
+            q.reloads.poll(q.coord, Instant::now(), &mut answer_along(health));
         }
         if let Some(kv) = &mut kv {
             if items[polled.len()].is_readable() {
@@ -338,6 +307,8 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
     // stop, not arrived yet): serve until both query sockets have been quiet
     // for STOP_QUIET, or for STOP_BUDGET at most; then close (linger flushes).
     let stopping = Instant::now();
+    // A read in flight is not waited for (its thread is never joined).
+    q.reloads.stop(q.coord, stopping, &mut answer_along(health));
     let mut quiet_since = stopping;
     let mut items = [route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
     loop {
@@ -359,3 +330,5 @@ pub fn serve(sockets: Sockets, coord: &mut Coordinator, control: &Control, fds: 
 
 #[path = "frames.rs"]
 pub(super) mod frames;
+#[path = "queries.rs"]
+mod queries;

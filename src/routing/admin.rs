@@ -1,10 +1,12 @@
 //! Operations without restarts: the admin ops of the health socket
 //! (`resize`, `reload`), `SIGHUP`, and the allowlists the ZAP handler asks
-//! about. A reload re-reads the configuration through an injected
-//! [`ConfigSource`] (the coordinator itself does no I/O) and applies what
-//! routing reads; what binds a socket, or sets a size limit libzmq enforces
-//! on one, cannot change without a restart, and a reload that would change
-//! it is refused naming the key.
+//! about. The coordinator does no I/O: a `reload` op is answered
+//! [`Answered::AfterReload`], the transport reads the configuration off the
+//! routing thread (`io::reload`) and hands what it read to
+//! [`Coordinator::reloaded`], which applies what routing reads; what binds
+//! a socket, or sets a size limit libzmq enforces on one, cannot change
+//! without a restart, and a reload that would change it is refused naming
+//! the key.
 
 use std::time::Instant;
 
@@ -12,16 +14,23 @@ use super::Coordinator;
 use crate::config::{Config, ConfigError, Server};
 use crate::io::access::Allowlist;
 use crate::observability::metrics::ReloadResult;
-use crate::wire::{Admin, ErrorCode, SourceLimits, WireError};
+use crate::wire::{self, Admin, ErrorCode, Id, OwnedId, SourceLimits, WireError};
 
-/// Reads the configuration as at start: the file again, with the same
-/// flags folded in (so flags still win).
-pub type ConfigSource = Box<dyn FnMut() -> Result<Config, ConfigError> + Send>;
+/// What became of a query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered {
+    /// The reply is in `out`.
+    Now,
+    /// A `reload` (with the query's `id`): nothing was written; the reply is
+    /// [`Coordinator::reload_reply`] once the configuration has been read
+    /// and handed to [`Coordinator::reloaded`].
+    AfterReload(Option<OwnedId>),
+}
 
-/// The socket settings in force and where a reload reads.
+/// The socket settings in force (a reload may change the allowlists and
+/// the peer caps; the rest needs a restart).
 pub(super) struct Reloadable {
     server: Server,
-    source: ConfigSource,
 }
 
 /// The first key of `server` that differs in a way only a restart can apply
@@ -73,11 +82,17 @@ fn socket_limit_key(old: &SourceLimits, new: &SourceLimits) -> Option<&'static s
 }
 
 impl Coordinator {
-    /// Lets `reload` (the op and `SIGHUP`) re-read the configuration from
-    /// `source`; `server` is what the sockets were opened with.
-    pub fn with_config_source(mut self, server: Server, source: ConfigSource) -> Self {
-        self.config = Some(Reloadable { server, source });
+    /// Lets `reload` (the op and `SIGHUP`) apply a configuration read
+    /// again; `server` is what the sockets were opened with. Without it a
+    /// `reload` is refused at once.
+    pub fn with_server(mut self, server: Server) -> Self {
+        self.config = Some(Reloadable { server });
         self
+    }
+
+    /// Whether a `reload` op is answered after a read ([`Answered::AfterReload`]).
+    pub(super) fn reloads(&self) -> bool {
+        self.config.is_some()
     }
 
     /// The peer allowlist of a ZAP domain (`route`, `health`, `stats`) in
@@ -105,14 +120,17 @@ impl Coordinator {
                 self.resize(dp_size);
                 Ok(())
             }
-            Admin::Reload => self.reload_config(now),
+            // Reached only without a server (see `answer_health`).
+            Admin::Reload => {
+                self.reloaded(Err(crate::config::err("config", "this dpcoord has no configuration to re-read")), now)
+            }
         }
     }
 
-    /// Re-reads the configuration and applies it, or changes nothing and
-    /// says why (counted in `dpcoord_config_reloads_total{result}`).
-    pub fn reload_config(&mut self, now: Instant) -> Result<(), WireError> {
-        let outcome = self.try_reload(now);
+    /// Applies a configuration read again for a reload, or changes nothing
+    /// and says why (counted in `dpcoord_config_reloads_total{result}`).
+    pub fn reloaded(&mut self, read: Result<Config, ConfigError>, now: Instant) -> Result<(), WireError> {
+        let outcome = self.try_reload(read, now);
         let result = match &outcome {
             Ok(()) => ReloadResult::Ok,
             Err((result, _)) => *result,
@@ -130,11 +148,20 @@ impl Coordinator {
         }
     }
 
-    fn try_reload(&mut self, now: Instant) -> Result<(), (ReloadResult, String)> {
+    /// The reply to a `reload` op once its outcome is known: as `resize`
+    /// answers, or the refusal (counted like any error reply).
+    pub fn reload_reply(&self, id: Option<Id<'_>>, outcome: &Result<(), WireError>, out: &mut Vec<u8>) {
+        match outcome {
+            Ok(()) => wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch()),
+            Err(e) => self.refuse(id, e, out),
+        }
+    }
+
+    fn try_reload(&mut self, read: Result<Config, ConfigError>, now: Instant) -> Result<(), (ReloadResult, String)> {
+        let cfg = read.map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
         let Some(reloadable) = self.config.as_mut() else {
-            return Err((ReloadResult::Invalid, "this dpcoord was started without a configuration to re-read".into()));
+            return Err((ReloadResult::Invalid, "this dpcoord has no configuration to re-read".into()));
         };
-        let cfg = (reloadable.source)().map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
         if let Some(key) = restart_key(&reloadable.server, &cfg.server)
             .or_else(|| socket_limit_key(&self.sources, &super::source_limits(&cfg.settings)))
         {

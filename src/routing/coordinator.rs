@@ -58,6 +58,8 @@ pub struct Coordinator {
     published: Arc<Published>,
     /// This process's identity, shown by `ping` and `state`.
     instance: wire::Instance,
+    /// The `id` of the `reload` op just taken, answered after the read.
+    reload_asked: Option<Option<wire::OwnedId>>,
 }
 
 fn limits(s: &Settings) -> QueryLimits {
@@ -106,6 +108,7 @@ impl Coordinator {
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
             published: Arc::new(Published::default()),
             instance: wire::Instance::random(),
+            reload_asked: None,
         };
         c.published.set(c.state_view(now));
         c
@@ -261,8 +264,9 @@ impl Coordinator {
         }
     }
 
-    /// One query from `ch`; the reply is written into `out`.
-    pub fn on_query(&mut self, ch: Channel, bytes: &[u8], now: Instant, out: &mut Vec<u8>) {
+    /// One query from `ch`; the reply is written into `out`, except for a
+    /// `reload` op, answered once the configuration has been read.
+    pub fn on_query(&mut self, ch: Channel, bytes: &[u8], now: Instant, out: &mut Vec<u8>) -> Answered {
         match ch {
             Channel::Route => {
                 let decoded = wire::decode_route_query(bytes, &self.limits);
@@ -274,6 +278,10 @@ impl Coordinator {
             }
         }
         self.observe(ch, now);
+        match self.reload_asked.take() {
+            Some(id) => Answered::AfterReload(id),
+            None => Answered::Now,
+        }
     }
 
     /// Answers a decoded query of `ch` with `answer`, or refuses it.
@@ -394,6 +402,9 @@ impl Coordinator {
                 }
                 Served::Recorded => wire::encode_ok(out, id, None),
             },
+            HealthOp::Admin(wire::Admin::Reload) if self.reloads() => {
+                self.reload_asked = Some(id.map(Id::to_owned_id));
+            }
             HealthOp::Admin(op) => {
                 self.admin(op, now)?;
                 wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch());
@@ -433,7 +444,7 @@ impl Coordinator {
 
 #[path = "admin.rs"]
 mod admin;
-pub use admin::ConfigSource;
+pub use admin::Answered;
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]

@@ -97,32 +97,46 @@ fn reload_resizes_every_per_rank_structure_before_the_next_query() {
     assert_eq!(route(&mut c, t0), json!(0));
 }
 
+/// A `reload` op is answered after the read: `Answered::AfterReload`
+/// with its id, then `reloaded` with what was read and `reload_reply`.
+fn reload(c: &mut Coordinator, id: Option<Value>, text: &str, now: Instant) -> Value {
+    let mut q = json!({"v": 1, "op": "reload"});
+    if let Some(id) = &id {
+        q["id"] = id.clone();
+    }
+    let mut out = Vec::new();
+    let answered = c.on_query(Channel::Health, &msgpack(q), now, &mut out);
+    let want = id.map(|v| wire::OwnedId::Str(v.as_str().unwrap().to_owned()));
+    assert_eq!((answered, out.len()), (Answered::AfterReload(want.clone()), 0));
+    let outcome = c.reloaded(Config::parse_toml(text).and_then(Config::from_table), now);
+    c.reload_reply(want.as_ref().map(wire::OwnedId::as_id), &outcome, &mut out);
+    rmp_serde::from_slice(&out).unwrap()
+}
+
 #[test]
 fn resize_and_reload_ops_answer_with_the_new_view() {
-    use std::sync::{Arc, Mutex};
     let t0 = Instant::now();
-    let file = Arc::new(Mutex::new(String::from("[engines]\ndp_size = 3\n")));
-    let read = Arc::clone(&file);
-    let source = Box::new(move || Config::from_table(Config::parse_toml(&read.lock().unwrap())?));
-    let mut c = coordinator(2, PolicyKind::RoundRobin).with_config_source(Config::default().server, source);
+    let mut c = coordinator(2, PolicyKind::RoundRobin).with_server(Config::default().server);
     let resize = json!({"v": 1, "op": "resize", "dp_size": 5, "id": "r"});
     assert_eq!(
         ask(&mut c, Channel::Health, resize, t0),
         json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "epoch": 1})
     );
-    let reload = || json!({"v": 1, "op": "reload"});
-    assert_eq!(ask(&mut c, Channel::Health, reload(), t0), json!({"v": 1, "ok": true, "dp_size": 3, "epoch": 2}));
-    *file.lock().unwrap() = "[engines]\ndp_size = 0\n".into();
-    let refused = ask(&mut c, Channel::Health, reload(), t0);
+    let ok = reload(&mut c, Some(json!("l")), "[engines]\ndp_size = 3\n", t0);
+    assert_eq!(ok, json!({"v": 1, "ok": true, "id": "l", "dp_size": 3, "epoch": 2}));
+    let refused = reload(&mut c, None, "[engines]\ndp_size = 0\n", t0);
     assert_eq!(refused["error"]["code"], "invalid_config");
     assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 1024, got 0; nothing changed");
-    *file.lock().unwrap() = "[server]\nroute_allow = [\"10.0.0.0/8\"]\n".into();
-    assert_eq!(ask(&mut c, Channel::Health, reload(), t0)["dp_size"], 8);
+    assert_eq!(reload(&mut c, None, "[server]\nroute_allow = [\"10.0.0.0/8\"]\n", t0)["dp_size"], 8);
     assert_eq!(c.allowlist("route").map(|l| l.allows("10.1.2.3")), Some(true));
     assert_eq!(c.allowlist("route").map(|l| l.allows("127.0.0.1")), Some(false));
-    // Without a configuration source there is nothing to re-read.
+    // Without the server settings there is nothing to apply: refused at once.
     let mut bare = coordinator(2, PolicyKind::RoundRobin);
-    assert_eq!(ask(&mut bare, Channel::Health, reload(), t0)["error"]["code"], "invalid_config");
+    let mut out = Vec::new();
+    let answered = bare.on_query(Channel::Health, &msgpack(json!({"v": 1, "op": "reload"})), t0, &mut out);
+    assert_eq!(answered, Answered::Now);
+    let r: Value = rmp_serde::from_slice(&out).unwrap();
+    assert_eq!(r["error"]["message"], "config: this dpcoord has no configuration to re-read; nothing changed");
     assert_eq!(bare.allowlist("route"), None);
 }
 

@@ -16,6 +16,6 @@ mod session;
 mod user;
 mod window;
 
-pub use coordinator::{ConfigSource, Coordinator};
+pub use coordinator::{Answered, Coordinator};
 pub use policy::PolicyKind;
 pub use published::Published;

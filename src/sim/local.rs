@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::config::{keys, Config, PolicyKind};
 use crate::io::daemon::Daemon;
+use crate::io::reload::ConfigSource;
 use crate::routing::Published;
 
 use super::net::Endpoints;
@@ -144,7 +145,7 @@ impl Local {
         let config = settings.config(&eps)?;
         // A reload re-reads the run's own configuration: nothing changes.
         let fixed = config.clone();
-        let daemon = Daemon::start(&config, Box::new(move || Ok(fixed.clone())))?;
+        let daemon = Daemon::start(&config, ConfigSource::new("the run's settings", move || Ok(fixed.clone())))?;
         let (published, registry) = (Arc::clone(&daemon.published), daemon.registry.clone());
         Ok(Local { daemon: Some(daemon), eps, published, registry, _dir: dir })
     }

@@ -111,6 +111,35 @@ pub enum Id<'a> {
     UInt(u64),
 }
 
+/// An [`Id`] kept past its query's buffer: a `reload` answered once the
+/// file has been read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnedId {
+    Str(String),
+    Int(i64),
+    UInt(u64),
+}
+
+impl Id<'_> {
+    pub fn to_owned_id(self) -> OwnedId {
+        match self {
+            Id::Str(v) => OwnedId::Str(v.to_owned()),
+            Id::Int(v) => OwnedId::Int(v),
+            Id::UInt(v) => OwnedId::UInt(v),
+        }
+    }
+}
+
+impl OwnedId {
+    pub fn as_id(&self) -> Id<'_> {
+        match self {
+            OwnedId::Str(v) => Id::Str(v),
+            OwnedId::Int(v) => Id::Int(*v),
+            OwnedId::UInt(v) => Id::UInt(*v),
+        }
+    }
+}
+
 impl Serialize for Id<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match *self {
