@@ -25,7 +25,7 @@
 use std::time::Instant;
 
 use crate::engines::routable::{check_fixed, next_routable};
-use crate::engines::{HealthHandle, Unroutable};
+use crate::engines::{HealthHandle, Status, Unroutable};
 use crate::wire::Probe;
 
 /// What a probe did.
@@ -51,6 +51,11 @@ impl HealthDispatcher {
             Probe::Route(target) => {
                 let table = engines.engines();
                 if let Some(rank) = target.fixed_rank(table.dp_size()) {
+                    // A probe may go to a stalled rank: it is how the rank
+                    // is found working again.
+                    if rank < table.dp_size() && table.get(rank).status == Status::Stalled {
+                        return Ok(Served::Routed(rank));
+                    }
                     return check_fixed(table, rank, target).map(Served::Routed);
                 }
                 let rank = next_routable(table, self.cursor)?;

@@ -208,6 +208,12 @@ pub const STALE_AFTER_MS: IntKey =
 pub const DOWN_AFTER_MS: IntKey =
     IntKey { key: Key::flagged(ENGINES, "down_after_ms", "MS", ""), default: 3000, min: 1, max: HOUR_MS };
 pub const READMIT_UPDATES: IntKey = IntKey { key: Key::new(ENGINES, "readmit_updates"), default: 2, min: 1, max: 1000 };
+/// A rank with work whose `progress` has not moved for this long is
+/// `stalled` (0: never); only sources that report progress can tell.
+pub const STALL_AFTER_MS: IntKey =
+    IntKey { key: Key::new(ENGINES, "stall_after_ms"), default: 10_000, min: 0, max: HOUR_MS };
+/// Failed `health_report`s in a row that make a rank `stalled` (0: never).
+pub const PROBE_FAILURES: IntKey = IntKey { key: Key::new(ENGINES, "probe_failures"), default: 3, min: 0, max: 1000 };
 
 pub const POLICY: StrKey =
     StrKey { key: Key::flagged(ROUTING, "policy", "NAME", "User routing policy"), default: "round_robin" };
@@ -311,7 +317,7 @@ pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 57] = [
+pub const ALL: [AnyKey; 59] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
@@ -341,6 +347,8 @@ pub const ALL: [AnyKey; 57] = [
     AnyKey::Int(&STATS_MAX_PEERS),
     AnyKey::Int(&MAX_PEERS_PER_ADDRESS),
     AnyKey::Int(&READMIT_UPDATES),
+    AnyKey::Int(&STALL_AFTER_MS),
+    AnyKey::Int(&PROBE_FAILURES),
     AnyKey::Int(&VLLM_METRICS_INTERVAL_MS),
     AnyKey::Int(&IMBALANCE_WINDOW_MS),
     AnyKey::Float(&WEIGHT_WAITING),

@@ -144,6 +144,10 @@ pub struct Engines {
     pub stale_after: Duration,
     pub down_after: Duration,
     pub readmit_updates: u32,
+    /// `engines.stall_after_ms`; zero: never.
+    pub stall_after: Duration,
+    /// `engines.probe_failures`; zero: never.
+    pub probe_failures: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]

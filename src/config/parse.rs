@@ -231,6 +231,8 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSource
     let stale_after = s.ms(&keys::STALE_AFTER_MS)?;
     let down_after = s.ms(&keys::DOWN_AFTER_MS)?;
     let readmit_updates = s.int(&keys::READMIT_UPDATES)? as u32;
+    let stall_after = s.ms(&keys::STALL_AFTER_MS)?;
+    let probe_failures = s.int(&keys::PROBE_FAILURES)? as u32;
     s.finish()?;
     if down_after <= stale_after {
         return Err(err(
@@ -244,7 +246,7 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSource
         ));
     }
     let sources = EngineSources { sglang_load_connect, vllm_metrics_url, vllm_metrics_interval };
-    Ok((Engines { dp_size, stale_after, down_after, readmit_updates }, sources))
+    Ok((Engines { dp_size, stale_after, down_after, readmit_updates, stall_after, probe_failures }, sources))
 }
 
 /// Checks a URL to scrape: `http://HOST:PORT/PATH` (plain HTTP, an explicit port, a path).

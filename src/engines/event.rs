@@ -95,6 +95,10 @@ pub struct LoadReport {
     pub kv_usage: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
+    /// A counter that moves whenever the engine works (steps, tokens), or
+    /// `None` when the source gives none: what tells a busy engine from a
+    /// wedged one.
+    pub progress: Option<u64>,
 }
 
 impl LoadReport {
@@ -110,6 +114,7 @@ impl LoadReport {
             kv_usage: None,
             ttft_ms: None,
             tpot_ms: None,
+            progress: None,
         }
     }
 
@@ -125,6 +130,10 @@ impl LoadReport {
 
     pub fn ttft_ms(self, ms: f64) -> Self {
         LoadReport { ttft_ms: Some(ms), ..self }
+    }
+
+    pub fn progress(self, progress: u64) -> Self {
+        LoadReport { progress: Some(progress), ..self }
     }
 }
 

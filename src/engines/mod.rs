@@ -11,7 +11,7 @@ mod table;
 
 pub use event::{Counts, EngineEvent, LoadReport, Sequence, TokenLoad};
 pub use routable::{Target, Unroutable};
-pub use table::{Accepted, EngineState, EngineTable, HealthHandle, Reject, Status};
+pub use table::{Accepted, EngineState, EngineTable, HealthHandle, Reject, StallCause, Status};
 
 /// Fixtures for unit tests across the crate.
 #[cfg(test)]

@@ -26,6 +26,29 @@ pub enum Status {
     Stale,
     /// No update for `down_after`: never routed until readmitted.
     Down,
+    /// Reporting but not working: work and no progress for `stall_after`,
+    /// or `probe_failures` failed probes in a row. Never routed until
+    /// progress resumes (`readmit_updates` updates in a row with it) or a
+    /// probe succeeds.
+    Stalled,
+}
+
+/// Why a rank is `stalled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallCause {
+    Progress,
+    Probe,
+}
+
+impl StallCause {
+    pub const ALL: [StallCause; 2] = [StallCause::Progress, StallCause::Probe];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StallCause::Progress => "progress",
+            StallCause::Probe => "probe",
+        }
+    }
 }
 
 impl Status {
@@ -39,6 +62,7 @@ impl Status {
             Status::Up => "up",
             Status::Stale => "stale",
             Status::Down => "down",
+            Status::Stalled => "stalled",
         }
     }
 }
@@ -68,6 +92,16 @@ pub struct EngineState {
     heartbeat: Duration,
     /// How often the rank's routability flipped, by way.
     pub changes: RoutableChanges,
+    /// The last `progress` reported in this boot, and when it last moved
+    /// (or the rank had no work, or it restarted).
+    pub progress: Option<u64>,
+    moved_at: Option<Instant>,
+    /// Why the rank is `stalled`, while it is.
+    pub stall: Option<StallCause>,
+    /// Failed probes in a row.
+    probe_failures: u32,
+    /// Times the rank was found stalled, by [`StallCause::ALL`] order.
+    pub stalls: [u64; 2],
 }
 
 /// How often a rank became routable or stopped being routable. Each
@@ -102,6 +136,11 @@ impl EngineState {
             failed_before: 0,
             heartbeat: Duration::ZERO,
             changes: RoutableChanges::default(),
+            progress: None,
+            moved_at: None,
+            stall: None,
+            probe_failures: 0,
+            stalls: [0; 2],
         }
     }
 
@@ -129,12 +168,29 @@ struct Liveness {
     stale_after: Duration,
     down_after: Duration,
     readmit_updates: u32,
+    stall_after: Duration,
+    probe_failures: u32,
 }
 
 impl Liveness {
     fn of(s: &Settings) -> Self {
         let e = &s.engines;
-        Liveness { stale_after: e.stale_after, down_after: e.down_after, readmit_updates: e.readmit_updates }
+        Liveness {
+            stale_after: e.stale_after,
+            down_after: e.down_after,
+            readmit_updates: e.readmit_updates,
+            stall_after: e.stall_after,
+            probe_failures: e.probe_failures,
+        }
+    }
+
+    /// Whether `e` has had work and no progress for `stall_after`.
+    fn stalled(&self, e: &EngineState, now: Instant) -> bool {
+        let work = e.counts.waiting > 0 || e.counts.running > 0;
+        !self.stall_after.is_zero()
+            && work
+            && e.progress.is_some()
+            && e.moved_at.is_some_and(|t| now.saturating_duration_since(t) >= self.stall_after)
     }
 
     /// `stale_after`, or two and a half heartbeats of the rank's source if
@@ -231,8 +287,11 @@ impl EngineTable {
             return false;
         }
         e.status = to;
-        if to == Status::Down {
+        if matches!(to, Status::Down | Status::Stalled) {
             e.readmit_streak = 0;
+        }
+        if to != Status::Stalled {
+            e.stall = None;
         }
         let flipped = from.is_routable() != to.is_routable();
         let epoch = self.epoch + u64::from(flipped);
@@ -240,7 +299,7 @@ impl EngineTable {
         if flipped {
             let way = match from {
                 Status::Unknown => &mut e.changes.joined,
-                Status::Down => &mut e.changes.readmitted,
+                Status::Down | Status::Stalled => &mut e.changes.readmitted,
                 Status::Up | Status::Stale => &mut e.changes.lost,
             };
             *way += 1;
@@ -274,7 +333,20 @@ impl EngineTable {
             tracing::info!(dp_rank = rank, old_boot = e.boot, new_boot = boot, "engine restarted: counters start over");
         }
         let close_gap = e.last_update.is_some_and(|t| now.saturating_duration_since(t) <= live.stale_after(e));
-        e.readmit_streak = if close_gap { e.readmit_streak + 1 } else { 1 };
+        // Progress moved, or there is nothing to progress on: the clock of
+        // a stall starts over (a restart starts it over too).
+        let idle = u.counts.waiting == 0 && u.counts.running == 0;
+        let moved = restarted || idle || u.progress.is_some_and(|p| e.progress != Some(p));
+        if moved || e.moved_at.is_none() {
+            e.moved_at = Some(now);
+        }
+        e.progress = u.progress;
+        e.readmit_streak = match e.status {
+            // A stalled rank counts only updates that show progress.
+            Status::Stalled if e.stall == Some(StallCause::Progress) && !moved => 0,
+            _ if close_gap => e.readmit_streak + 1,
+            _ => 1,
+        };
         e.boot = boot;
         e.seq = seq_of(u);
         e.counts = u.counts;
@@ -286,6 +358,8 @@ impl EngineTable {
         e.last_update = Some(now);
         let next = match e.status {
             Status::Down if e.readmit_streak < live.readmit_updates => Status::Down,
+            Status::Stalled if e.stall == Some(StallCause::Probe) => Status::Stalled,
+            Status::Stalled if e.readmit_streak < live.readmit_updates => Status::Stalled,
             _ => Status::Up,
         };
         if self.set_status(rank, next) {
@@ -297,10 +371,27 @@ impl EngineTable {
 
     /// A health prober's outcome for `rank`; a rank out of range (the
     /// table shrank since the probe was decoded) is ignored.
+    /// `probe_failures` failures in a row make a routable rank `stalled`;
+    /// a success clears that.
     fn record_health_report(&mut self, rank: u32, ok: bool, now: Instant) {
         let Some(e) = self.engines.get_mut(rank as usize) else { return };
-        if !ok {
+        let to = if ok {
+            e.probe_failures = 0;
+            (e.stall == Some(StallCause::Probe)).then_some(Status::Up)
+        } else {
             e.penalty_state.health.add(self.penalty.health_failure, now, self.penalty.health_half_life);
+            e.probe_failures = e.probe_failures.saturating_add(1);
+            let n = self.liveness.probe_failures;
+            (n > 0 && e.probe_failures >= n && e.status.is_routable()).then_some(Status::Stalled)
+        };
+        if let Some(to) = to {
+            if to == Status::Stalled {
+                e.stall = Some(StallCause::Probe);
+                e.stalls[1] += 1;
+            }
+            if self.set_status(rank as usize, to) {
+                self.epoch += 1;
+            }
         }
     }
 
@@ -310,10 +401,19 @@ impl EngineTable {
         for rank in 0..self.engines.len() {
             let e = &self.engines[rank];
             let next = match (e.status, e.age(now)) {
-                (Status::Up | Status::Stale, Some(age)) if age >= self.liveness.down_after(e) => Status::Down,
+                (Status::Up | Status::Stale | Status::Stalled, Some(age)) if age >= self.liveness.down_after(e) => {
+                    Status::Down
+                }
+                (Status::Up | Status::Stale, _) if self.liveness.stalled(e, now) => Status::Stalled,
                 (Status::Up, Some(age)) if age >= self.liveness.stale_after(e) => Status::Stale,
                 (s, _) => s,
             };
+            if next == Status::Stalled && e.status != Status::Stalled {
+                let e = &mut self.engines[rank];
+                e.stall = Some(StallCause::Progress);
+                e.stalls[0] += 1;
+                tracing::warn!(dp_rank = rank, "rank stalled: work and no progress for engines.stall_after_ms");
+            }
             changed |= self.set_status(rank, next);
         }
         self.epoch += u64::from(changed);

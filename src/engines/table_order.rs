@@ -70,6 +70,9 @@ pub(super) fn step(e: &EngineState, u: &LoadReport) -> Result<Step, Reject> {
     if seq <= e.seq {
         return Err(Reject::OldSeq { seq, last: e.seq });
     }
+    if let Some((from, to)) = e.progress.zip(u.progress).filter(|(from, to)| to < from) {
+        return Err(Reject::Backwards { counter: "progress", boot, from, to });
+    }
     if u.cumulative {
         for ((counter, from), (_, to)) in e.counts.cumulative().into_iter().zip(u.counts.cumulative()) {
             if to < from {

@@ -255,3 +255,83 @@ fn liveness_allows_two_and_a_half_heartbeats_of_silence() {
     t.tick(ms(t0, 4500));
     assert_eq!(t.get(0).status, Status::Down);
 }
+
+/// A rank that keeps reporting work and no progress for `stall_after` is
+/// `stalled`, not routable; an idle rank never is; progress brings it back
+/// after `readmit_updates` updates in a row that show it.
+#[test]
+fn work_without_progress_stalls_a_rank_and_progress_readmits_it() {
+    let mut s = settings(2);
+    s.engines.stall_after = Duration::from_millis(500);
+    s.engines.stale_after = Duration::from_secs(60);
+    s.engines.down_after = Duration::from_secs(120);
+    let mut t = EngineTable::new(&s);
+    let t0 = Instant::now();
+    let busy = |seq, p| upd(0, 1, seq, [0, 2, 2, 0, 0]).progress(p);
+    let idle = |seq| upd(1, 1, seq, [0, 0, 0, 0, 0]).progress(7);
+    for (seq, at) in [(1, 0), (2, 250), (3, 499)] {
+        t.apply(&busy(seq, 40), ms(t0, at)).unwrap();
+        t.apply(&idle(seq), ms(t0, at)).unwrap();
+        t.tick(ms(t0, at));
+    }
+    assert_eq!((t.get(0).status, t.get(1).status), (Status::Up, Status::Up), "499 ms without progress");
+    let epoch = t.epoch();
+    t.apply(&busy(4, 40), ms(t0, 500)).unwrap();
+    t.apply(&idle(4), ms(t0, 500)).unwrap();
+    t.tick(ms(t0, 500));
+    assert_eq!(
+        (t.get(0).status, t.get(0).stall, t.get(0).stalls),
+        (Status::Stalled, Some(StallCause::Progress), [1, 0])
+    );
+    assert_eq!((t.get(1).status, t.epoch()), (Status::Up, epoch + 1), "idle never stalls");
+    assert!(!t.is_routable(0));
+    // Still reporting, still stuck; then progress, twice in a row.
+    t.apply(&busy(5, 40), ms(t0, 600)).unwrap();
+    t.apply(&busy(6, 41), ms(t0, 700)).unwrap();
+    assert_eq!(t.get(0).status, Status::Stalled, "one update with progress is not enough");
+    t.apply(&busy(7, 41), ms(t0, 800)).unwrap();
+    t.apply(&busy(8, 42), ms(t0, 900)).unwrap();
+    assert_eq!(t.get(0).status, Status::Stalled, "the streak starts over without progress");
+    t.apply(&busy(9, 43), ms(t0, 1000)).unwrap();
+    assert_eq!((t.get(0).status, t.get(0).stall, t.get(0).changes.readmitted), (Status::Up, None, 1));
+    assert_eq!(t.epoch(), epoch + 2);
+}
+
+#[test]
+fn progress_going_backwards_is_refused_and_changes_nothing() {
+    let mut t = table(1);
+    let t0 = Instant::now();
+    t.apply(&upd(0, 1, 1, [0, 1, 1, 0, 0]).progress(10), t0).unwrap();
+    let before = format!("{:?}", t.get(0));
+    let r = t.apply(&upd(0, 1, 2, [0, 1, 1, 0, 0]).progress(9), t0);
+    assert_eq!(r, Err(Reject::Backwards { counter: "progress", boot: 1, from: 10, to: 9 }));
+    assert_eq!(format!("{:?}", t.get(0)), before);
+    t.apply(&upd(0, 2, 1, [0, 1, 1, 0, 0]).progress(0), t0).expect("a new boot starts over");
+}
+
+/// `probe_failures` failed probes in a row stall a rank; a success clears it.
+#[test]
+fn failed_probes_in_a_row_stall_a_rank_until_one_succeeds() {
+    let mut t = table(2);
+    let t0 = Instant::now();
+    t.apply(&upd(0, 1, 1, [0; 5]), t0).unwrap();
+    let epoch = t.epoch();
+    let mut h = t.health_handle();
+    h.record(0, false, t0);
+    h.record(0, false, t0);
+    h.record(0, true, t0);
+    h.record(0, false, t0);
+    h.record(0, false, t0);
+    assert_eq!(t.get(0).status, Status::Up, "two in a row, then a success, then two");
+    t.health_handle().record(0, false, t0);
+    assert_eq!((t.get(0).status, t.get(0).stall, t.get(0).stalls), (Status::Stalled, Some(StallCause::Probe), [0, 1]));
+    assert_eq!(t.epoch(), epoch + 1);
+    t.apply(&upd(0, 1, 2, [0; 5]), t0).unwrap();
+    assert_eq!(t.get(0).status, Status::Stalled, "reports do not clear a probe stall");
+    t.health_handle().record(0, true, t0);
+    assert_eq!((t.get(0).status, t.get(0).stall, t.epoch()), (Status::Up, None, epoch + 2));
+    t.health_handle().record(1, false, t0);
+    t.health_handle().record(1, false, t0);
+    t.health_handle().record(1, false, t0);
+    assert_eq!(t.get(1).status, Status::Unknown, "a rank that is not routable is not stalled");
+}

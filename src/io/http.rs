@@ -176,6 +176,7 @@ mod tests {
         RankView {
             rank,
             status,
+            stall: None,
             counts: Default::default(),
             pending: 0,
             routed: 0,

@@ -7,6 +7,7 @@ use prometheus::{
     Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+use crate::engines::StallCause;
 use crate::wire::ErrorCode;
 
 /// Handles for one rank's series.
@@ -25,6 +26,10 @@ pub struct RankMetrics {
     pub joined: IntCounter,
     pub lost: IntCounter,
     pub readmitted: IntCounter,
+    /// `dpcoord_rank_stalls_total` by `cause`, in `StallCause::ALL` order.
+    pub stalls: [IntCounter; 2],
+    /// `dpcoord_engine_stalled`: 1 while the rank is `stalled`.
+    pub stalled: IntGauge,
 }
 
 /// The `result` label of `dpcoord_stats_messages_total`.
@@ -114,6 +119,8 @@ struct RankFamilies {
     penalty: prometheus::GaugeVec,
     age: prometheus::GaugeVec,
     changes: IntCounterVec,
+    stalls: IntCounterVec,
+    stalled: IntGaugeVec,
 }
 
 impl RankFamilies {
@@ -133,6 +140,8 @@ impl RankFamilies {
             joined: self.changes.with_label_values(&[&k, "joined"]),
             lost: self.changes.with_label_values(&[&k, "lost"]),
             readmitted: self.changes.with_label_values(&[&k, "readmitted"]),
+            stalls: StallCause::ALL.map(|c| self.stalls.with_label_values(&[&k, c.as_str()])),
+            stalled: self.stalled.with_label_values(&[&k]),
         };
         m.age.set(f64::NAN);
         m
@@ -156,6 +165,10 @@ impl RankFamilies {
         for change in ["joined", "lost", "readmitted"] {
             let _ = self.changes.remove_label_values(&[&k, change]);
         }
+        for c in StallCause::ALL {
+            let _ = self.stalls.remove_label_values(&[&k, c.as_str()]);
+        }
+        let _ = self.stalled.remove_label_values(&[&k]);
     }
 }
 
@@ -301,6 +314,27 @@ impl Metrics {
                 &["dp_rank", "change"],
             )),
         );
+        let stalls = register(
+            &r,
+            built(IntCounterVec::new(
+                opts(
+                    "dpcoord_rank_stalls_total",
+                    "Times the rank was found stalled, by cause: progress (work and no progress for \
+                     engines.stall_after_ms), probe (engines.probe_failures failed probes in a row).",
+                ),
+                &["dp_rank", "cause"],
+            )),
+        );
+        let stalled = register(
+            &r,
+            built(IntGaugeVec::new(
+                opts(
+                    "dpcoord_engine_stalled",
+                    "1 while the rank is stalled: reporting, but work and no progress, or failed probes in a row.",
+                ),
+                &["dp_rank"],
+            )),
+        );
         let stats = register(
             &r,
             built(IntCounterVec::new(
@@ -357,7 +391,7 @@ impl Metrics {
                 &["result"],
             )),
         );
-        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age, changes };
+        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age, changes, stalls, stalled };
         let mut m = Metrics {
             registry: r,
             ranks: Vec::new(),

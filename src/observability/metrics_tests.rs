@@ -5,7 +5,7 @@ use prometheus::proto::MetricType;
 use super::*;
 
 /// The contract's Metrics table: name, type, label names.
-const CONTRACT: [(&str, MetricType, &[&str]); 19] = [
+const CONTRACT: [(&str, MetricType, &[&str]); 21] = [
     ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
     ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
     ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -26,6 +26,8 @@ const CONTRACT: [(&str, MetricType, &[&str]); 19] = [
     ("dpcoord_dp_size", MetricType::GAUGE, &[]),
     ("dpcoord_scrapes_total", MetricType::COUNTER, &["result"]),
     ("dpcoord_engine_routable_changes_total", MetricType::COUNTER, &["change", "dp_rank"]),
+    ("dpcoord_rank_stalls_total", MetricType::COUNTER, &["cause", "dp_rank"]),
+    ("dpcoord_engine_stalled", MetricType::GAUGE, &["dp_rank"]),
 ];
 
 #[test]

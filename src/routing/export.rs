@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::kv::KvStreams;
 use super::user::UserDispatcher;
 use crate::engines::kv::Medium;
-use crate::engines::EngineTable;
+use crate::engines::{EngineTable, StallCause, Status};
 use crate::observability::metrics::Metrics;
 use crate::wire::{Instance, RankView, StateView};
 
@@ -31,6 +31,10 @@ pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Met
         m.joined.inc_by(e.changes.joined.saturating_sub(m.joined.get()));
         m.lost.inc_by(e.changes.lost.saturating_sub(m.lost.get()));
         m.readmitted.inc_by(e.changes.readmitted.saturating_sub(m.readmitted.get()));
+        m.stalled.set(i64::from(e.status == Status::Stalled));
+        for (c, &n) in m.stalls.iter().zip(&e.stalls) {
+            c.inc_by(n.saturating_sub(c.get()));
+        }
     }
     metrics.dispatch_stddev.set(user.dispatch_stddev(engines));
     metrics.epoch.set(engines.epoch() as i64);
@@ -53,6 +57,7 @@ pub(super) fn state_view(
             RankView {
                 rank,
                 status: e.status.as_str(),
+                stall: e.stall.map(StallCause::as_str),
                 counts: e.counts,
                 pending: user.pending(rank),
                 routed: user.routed(rank),

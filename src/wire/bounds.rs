@@ -25,6 +25,7 @@ fn worst_rank() -> RankView {
     RankView {
         rank: u32::MAX,
         status: "unknown",
+        stall: Some("progress"),
         counts: Counts {
             waiting: u64::MAX,
             running: u64::MAX,
@@ -134,10 +135,10 @@ mod tests {
 
     #[test]
     fn state_leads_at_the_defaults_and_route_at_a_large_max_batch() {
-        // dp_size 8, max_batch 1024: the state reply (279 bytes per rank at worst).
-        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2485);
-        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2485);
-        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 279);
+        // dp_size 8, max_batch 1024: the state reply (294 bytes per rank at worst).
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2605);
+        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2605);
+        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 294);
         // 65,536 ranks of one byte each (all below 128) outgrow the state of 8.
         let id = longest_id();
         let mut out = Vec::new();

@@ -114,6 +114,8 @@ struct Error<'a> {
 pub struct RankView {
     pub rank: u32,
     pub status: &'static str,
+    /// Why a `stalled` rank is: `progress` or `probe`; nil otherwise.
+    pub stall: Option<&'static str>,
     pub counts: Counts,
     pub pending: u64,
     pub routed: u64,

@@ -140,6 +140,7 @@ pub fn decode_sglang_load(topic: &[u8], seq: &[u8], payload: &[u8]) -> Result<Lo
         kv_usage,
         ttft_ms: None,
         tpot_ms: None,
+        progress: None,
     })
 }
 

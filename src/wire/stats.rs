@@ -122,6 +122,7 @@ struct Partial {
     kv_usage: Option<f64>,
     ttft_ms: Option<f64>,
     tpot_ms: Option<f64>,
+    progress: Option<u64>,
 }
 
 fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) -> Result<(), StatsError> {
@@ -141,6 +142,7 @@ fn read_entry<'a>(key: &str, v: Value<'a>, r: &mut Reader<'a>, p: &mut Partial) 
         "kv_usage" => p.kv_usage = Some(float("kv_usage", v, 1.0)?),
         "ttft_ms" => p.ttft_ms = Some(float("ttft_ms", v, f64::MAX)?),
         "tpot_ms" => p.tpot_ms = Some(float("tpot_ms", v, f64::MAX)?),
+        "progress" => p.progress = Some(uint("progress", v)?),
         _ => r.skip_rest(v)?, // unknown keys are ignored
     }
     Ok(())
@@ -183,6 +185,7 @@ pub fn decode_stats(bytes: &[u8]) -> Result<LoadReport, StatsError> {
         kv_usage: p.kv_usage,
         ttft_ms: p.ttft_ms,
         tpot_ms: p.tpot_ms,
+        progress: p.progress,
     })
 }
 

@@ -206,6 +206,7 @@ fn report((rank, seq): (u32, u64), g: VllmGauges, heartbeat: Duration) -> LoadRe
         kv_usage: g.kv_usage,
         ttft_ms: None,
         tpot_ms: None,
+        progress: None,
     }
 }
 

@@ -127,6 +127,21 @@ fn failing(ctx: &Ctx, sc: &Scenario, _: &Daemon, e: &Engines) {
     ctx.await_resolved(sc.name, MIN);
 }
 
+/// Rank 2 keeps publishing but a prober fails it 3 times in a row
+/// (`engines.probe_failures`): stalled until a probe succeeds.
+fn stalled(ctx: &Ctx, sc: &Scenario, d: &Daemon, _: &Engines) {
+    ctx.await_scraped(sc.name);
+    let h = d.health_client();
+    for _ in 0..3 {
+        assert_eq!(h.call(json!({"v": 1, "op": "health_report", "rank": 2, "ok": false}))["ok"], json!(true));
+    }
+    d.wait_status(2, "stalled");
+    ctx.await_firing(sc.name, &ctx.labels(sc.name, "DpcoordRankStalled", "critical", &[("dp_rank", "2")]), MIN);
+    assert_eq!(h.call(json!({"v": 1, "op": "health_report", "rank": 2, "ok": true}))["ok"], json!(true));
+    d.wait_status(2, "up");
+    ctx.await_resolved(sc.name, MIN);
+}
+
 /// Rank 0 fails every request; its target leaves discovery while the alert fires.
 fn vanish(ctx: &Ctx, sc: &Scenario, _: &Daemon, e: &Engines) {
     ctx.await_scraped(sc.name);
@@ -345,6 +360,14 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         kv: false,
         run: flapping,
         fires: &[("DpcoordRankFlapping", "warning", &[("dp_rank", "1")])],
+    },
+    Scenario {
+        name: "stalled",
+        dp: 4,
+        live: ALL4,
+        kv: false,
+        run: stalled,
+        fires: &[("DpcoordRankStalled", "critical", &[("dp_rank", "2")])],
     },
     Scenario {
         name: "failing",

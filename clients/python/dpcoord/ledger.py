@@ -53,6 +53,8 @@ class RankLedger:
     waiting: int = 0
     running: int = 0
     kv_usage: float | None = None
+    #: engine steps whose stats reached an API server of this rank: dpcoord's `progress`
+    steps: int = 0
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
     #: requests counted finished that the last gauges still listed in the engine
@@ -83,6 +85,8 @@ class RankLedger:
     ) -> None:
         """Folds one ``record()``: the engine's ``(waiting, running, kv_usage)``
         when this step's stats came here, and the requests this API server saw finish."""
+        if gauges is not None:
+            self.steps += 1
         if self.exact:
             self.finished += finished
             self.failed += failed
@@ -140,6 +144,7 @@ class RankLedger:
             kv_usage=None if self.kv_usage is None else min(1.0, max(0.0, float(self.kv_usage))),
             ttft_ms=sum(self.ttft) / len(self.ttft) if self.ttft else None,
             tpot_ms=sum(self.tpot) / len(self.tpot) if self.tpot else None,
+            progress=self.steps,
         )
 
     def claim_timer(self, who: str, now: float, lease_s: float) -> bool:

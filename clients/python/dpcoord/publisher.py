@@ -166,8 +166,13 @@ class StatsPublisher:
         kv_usage: float | None = None,
         ttft_ms: float | None = None,
         tpot_ms: float | None = None,
+        progress: int | None = None,
     ) -> dict[str, Any]:
-        """The update :meth:`publish` would send next (checked, not sent, seq not taken)."""
+        """The update :meth:`publish` would send next (checked, not sent, seq not taken).
+
+        ``progress`` is a counter that moves whenever the engine works (steps,
+        tokens) and never goes backwards within a boot: with it, dpcoord takes a
+        rank that has work and no progress out of rotation (``stalled``)."""
         values = dict(waiting=waiting, running=running, received=received, finished=finished, failed=failed)
         counts = [_uint(name, values[name]) for name in COUNTS]
         for name in COUNTERS:
@@ -194,6 +199,8 @@ class StatsPublisher:
             update["ttft_ms"] = _float("ttft_ms", ttft_ms)
         if tpot_ms is not None:
             update["tpot_ms"] = _float("tpot_ms", tpot_ms)
+        if progress is not None:
+            update["progress"] = _uint("progress", progress)
         return update
 
     def publish(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

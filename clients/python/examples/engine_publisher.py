@@ -29,15 +29,21 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from dpcoord import EngineCounters, StatsPublisher, publish_sglang, publish_vllm
-from dpcoord.adapters import is_sglang_health_check, vllm_count_iteration
+from dpcoord import EngineCounters, StatsPublisher, publish_sglang
+from dpcoord.adapters import is_sglang_health_check, vllm_count_iteration, vllm_publish_kwargs
 
 
 class DpcoordStatLogger:
-    """A vLLM stat logger that publishes each engine's SchedulerStats to dpcoord.
+    """A vLLM stat logger that publishes each engine's SchedulerStats to dpcoord,
+    for one process per rank (with several API servers per rank, use the package's
+    plugin, ``dpcoord.vllm_plugin``, whose ranks share one sequence).
 
     vLLM steps far more often than dpcoord needs to hear: updates are sent at most
-    every ``min_interval_s`` (iteration stats are still counted on every call)."""
+    every ``min_interval_s`` (iteration stats are still counted on every call). A
+    timer repeats the last update every ``heartbeat_s`` while the engine does not
+    step, so an idle rank stays ``up``; every update carries the steps counted so
+    far as ``progress``, so a rank with work whose engine stopped stepping is
+    ``stalled`` rather than kept in rotation by the repeats."""
 
     def __init__(
         self,
@@ -47,26 +53,50 @@ class DpcoordStatLogger:
         endpoint: str = "tcp://127.0.0.1:5572",
         bind: bool = False,
         min_interval_s: float = 0.02,
+        heartbeat_s: float = 0.25,
     ):
         self.publisher = StatsPublisher(endpoint, engine_index, bind=bind)
         self.counters = EngineCounters()
         self.min_interval_s = min_interval_s
-        self._last = 0.0
+        self.steps = 0
+        self._stats: Any = None
+        self._sent = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._repeat, args=(heartbeat_s,), daemon=True)
+        self._timer.start()
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0):
-        if iteration_stats is not None:
-            vllm_count_iteration(self.counters, iteration_stats)
-        now = time.monotonic()
-        if scheduler_stats is None or now - self._last < self.min_interval_s:
-            return
-        self._last = now
-        publish_vllm(self.publisher, scheduler_stats, self.counters)
+        with self._lock:
+            if iteration_stats is not None:
+                vllm_count_iteration(self.counters, iteration_stats)
+            if scheduler_stats is None:
+                return
+            self.steps += 1
+            self._stats = scheduler_stats
+            if time.monotonic() - self._sent >= self.min_interval_s:
+                self._send()
+
+    def _send(self) -> None:
+        self.publisher.publish(**vllm_publish_kwargs(self._stats, self.counters), progress=self.steps)
+        self._sent = time.monotonic()
+
+    def _repeat(self, heartbeat_s: float) -> None:
+        while not self._stop.wait(heartbeat_s / 2):
+            with self._lock:
+                if self._stats is not None and time.monotonic() - self._sent >= heartbeat_s:
+                    self._send()
 
     def log_engine_initialized(self) -> None:
         pass
 
     def log(self) -> None:
         pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._timer.join()
+        self.publisher.close()
 
 
 def vllm_stat_logger_factory(endpoint: str, bind: bool = False):

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,7 +49,7 @@ def test_engine_publisher_loop_and_sglang_hook(start_daemon):
         t.join(DEADLINE)
     logger = result["logger"]
     assert logger.publisher.seq > 0
-    logger.publisher.close()
+    logger.close()
 
     hook = ex.SglangLoadHook(d.stats, 1)
     hook.on_request("HEALTH_CHECK_abc")  # not counted
@@ -62,6 +63,37 @@ def test_engine_publisher_loop_and_sglang_hook(start_daemon):
         lambda: hook.on_load(load_report) and d.state()["ranks"][1]["counts"] == [1, 1, 3, 1, 0],
     )
     hook.publisher.close()
+
+
+def test_example_stat_logger_keeps_an_idle_rank_up_and_a_wedged_one_out(start_daemon, tmp_path):
+    """The example logger repeats its last update while the engine does not step
+    (an idle rank stays up past down_after_ms, 3 s), and its updates carry the
+    steps as ``progress`` (a rank with work that stopped stepping is stalled)."""
+    ex = load("engine_publisher")
+    cfg = tmp_path / "stall.toml"
+    cfg.write_text("[engines]\nstall_after_ms = 1000\n")
+    d = start_daemon("--dp-size", "2", "--config", str(cfg))
+    idle = ex.DpcoordStatLogger(None, 0, endpoint=d.stats)
+    wedged = ex.DpcoordStatLogger(None, 1, endpoint=d.stats)
+    try:
+        def stats(running: int) -> SimpleNamespace:
+            return SimpleNamespace(num_waiting_reqs=0, num_running_reqs=running, kv_cache_usage=0.1)
+
+        def step_both() -> bool:
+            idle.record(stats(0), None)
+            wedged.record(stats(2), None)
+            return d.statuses() == ["up", "up"]
+
+        eventually("both publishing", step_both)
+        eventually("rank 1 stalled", lambda: d.statuses()[1] == "stalled", deadline=10)
+        end = time.monotonic() + 3.5
+        while time.monotonic() < end:
+            assert d.statuses()[0] == "up", "the idle rank went down"
+            time.sleep(0.1)
+        assert d.state()["ranks"][1]["stall"] == "progress"
+    finally:
+        idle.close()
+        wedged.close()
 
 
 class FakeEngine(ThreadingHTTPServer):

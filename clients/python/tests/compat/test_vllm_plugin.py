@@ -178,3 +178,23 @@ def test_tpot_ttft_and_client_aborts(real, plugin, start_daemon, tmp_path):
         assert d.metric("dpcoord_stats_messages_total", 'result="malformed"') == 0
     finally:
         tap.close()
+
+
+def test_a_wedged_engine_is_stalled_while_the_timer_keeps_reporting(real, plugin, start_daemon, tmp_path):
+    """The plugin's timer runs in the API server and repeats the last gauges every
+    250 ms whether or not the engine stepped; each update also carries the steps the
+    engine made (``progress``), so dpcoord tells a busy engine that stopped stepping
+    from a quiet one, and brings it back when it steps again."""
+    cfg = tmp_path / "stall.toml"
+    cfg.write_text("[engines]\nstall_after_ms = 1000\n")
+    d = start_daemon("--dp-size", "2", "--config", str(cfg))
+    [server] = plugin(d.stats, engines=2)
+    server.record(sched(real, running=3), None, engine_idx=0)  # rank 0: a step, then wedged
+    server.record(sched(real), None, engine_idx=1)  # rank 1: a step, then idle
+    eventually("both up", lambda: d.statuses() == ["up", "up"])
+    eventually("rank 0 stalled, rank 1 up", lambda: d.statuses() == ["stalled", "up"], deadline=10)
+    assert d.state()["ranks"][0]["stall"] == "progress"
+    for _ in range(2):  # readmit_updates: two updates in a row that show steps
+        server.record(sched(real, running=3), None, engine_idx=0)
+        time.sleep(0.05)
+    eventually("rank 0 back", lambda: d.statuses() == ["up", "up"])
