@@ -185,6 +185,7 @@ mod tests {
             load: 0.0,
             kv_blocks: Default::default(),
             kv_block_size: None,
+            kv_usage: None,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct RankView {
     pub kv_blocks: std::collections::BTreeMap<&'static str, u64>,
     /// The block size this rank's KV events use; nil until it stores one.
     pub kv_block_size: Option<u32>,
+    /// The KV-cache usage (0..=1) of the last accepted update; nil when it
+    /// carried none.
+    pub kv_usage: Option<f64>,
 }
 
 /// The engine table as the `state` op and `/state` show it.
