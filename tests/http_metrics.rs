@@ -182,6 +182,8 @@ fn routed_and_error_counters_are_exact_after_a_scripted_run() {
     assert_eq!(m.per_rank("dpcoord_engine_up", &[], 5), [1.0, 1.0, 1.0, 1.0, 0.0]);
     assert_eq!(m.value("dpcoord_epoch", &[]), 4.0);
     assert!(m.value("dpcoord_engine_stats_age_seconds", &[("dp_rank", "4")]).is_nan());
+    // No update carried a KV usage: NaN on every rank, up or not.
+    assert!((0..5).all(|r| m.value("dpcoord_engine_kv_usage", &[("dp_rank", &r.to_string())]).is_nan()));
     // Every health-socket query was timed: 1 before bring-up, 6 + 1 placed, 1 refused.
     let health = [("channel", "health")];
     assert_eq!(m.value("dpcoord_route_duration_seconds_count", &health), 9.0);

@@ -1,6 +1,6 @@
 //! Load-aware routing against the real binary: exact spreads with frozen
-//! stats, acknowledgement, penalties from failures and ttft, silent ranks,
-//! and the isolation invariant for least_load and power_of_two.
+//! stats, acknowledgement, KV pressure, penalties from failures and ttft,
+//! silent ranks, and the isolation invariant for least_load and power_of_two.
 mod common;
 
 use std::time::Duration;
@@ -49,6 +49,43 @@ fn a_rank_that_acknowledges_its_placements_takes_the_next_ones() {
     d.await_counts(2, [0, 0, 2, 2, 0]);
     assert_eq!(d.routed_pending()[2], (2, 0));
     assert_eq!(route(&c, 2), [2, 2]);
+}
+
+/// `field` of every rank in `state`.
+fn per_rank_field(d: &Daemon, field: &str) -> Vec<Value> {
+    d.ranks().iter().map(|r| r[field].clone()).collect()
+}
+
+fn kv_gauge(d: &Daemon, rank: u32) -> Option<f64> {
+    d.metric(&format!("dpcoord_engine_kv_usage{{dp_rank=\"{rank}\"}}"))
+}
+
+#[test]
+fn a_rank_whose_kv_cache_is_nearly_full_weighs_its_queue_more() {
+    let d = daemon("least_load", 3, &FROZEN);
+    let p = d.publisher();
+    let seq = d.bring_up(&p, &[0, 1]);
+    // Equal counts, 2 waiting and 4 running; KV 7/8 full on rank 0 (pressure
+    // 1 + 6 * 0.375 = 3.25), 1/8 on rank 1 (1). Rank 2 never reports.
+    p.send(&Update::new(0, 1, seq).counts([2, 4, 0, 0, 0]).kv_usage(0.875).value());
+    p.send(&Update::new(1, 1, seq).counts([2, 4, 0, 0, 0]).kv_usage(0.125).value());
+    d.await_counts(0, [2, 4, 0, 0, 0]);
+    d.await_counts(1, [2, 4, 0, 0, 0]);
+    assert_eq!(per_rank_field(&d, "kv_usage"), [json!(0.875), json!(0.125), Value::Null]);
+    // 3.25 * 4*2 + 4 = 30 against 4*2 + 4 = 12.
+    assert_eq!(per_rank_field(&d, "load"), [json!(30.0), json!(12.0), json!(0.0)]);
+    eventually("the KV gauges after a tick", || (kv_gauge(&d, 0) == Some(0.875)).then_some(()));
+    assert_eq!(kv_gauge(&d, 1), Some(0.125));
+    assert!(kv_gauge(&d, 2).unwrap().is_nan(), "no report yet: NaN");
+    // A placement adds 3.25 * 4 = 13 to rank 0, 4 to rank 1: rank 1 takes
+    // 5 (12 .. 28 < 30), then rank 0 (30 < 32), then rank 1 twice (32, 36 < 43).
+    assert_eq!(route(&d.client(), 8), [1, 1, 1, 1, 1, 0, 1, 1]);
+    assert_eq!(per_rank_field(&d, "load"), [json!(43.0), json!(40.0), json!(0.0)]);
+    // An update without `kv_usage`: the plain weighted sum again, 8 + 4 + 4*1.
+    p.send(&Update::new(0, 1, seq + 1).counts([2, 4, 0, 0, 0]).value());
+    eventually("rank 0 without a KV usage", || d.ranks()[0]["kv_usage"].is_null().then_some(()));
+    assert_eq!(per_rank_field(&d, "load"), [json!(16.0), json!(40.0), json!(0.0)]);
+    eventually("its gauge NaN after a tick", || kv_gauge(&d, 0).unwrap().is_nan().then_some(()));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! SGLang's scheduler load stream into `--sglang-load-connect`, against the
 //! real binary: three-frame `LoadStat` messages bring ranks up with their
-//! gauges, a 1 s heartbeat keeps an idle rank up, bad messages (and one
+//! gauges and KV usage, a 1 s heartbeat keeps an idle rank up, bad messages (and one
 //! naming another rank than its endpoint's) are counted and change nothing, and placements stay pending until a snapshot that
 //! could have seen them.
 mod common;
@@ -47,6 +47,14 @@ fn load_stats_bring_ranks_up_with_their_gauges_and_bad_ones_are_counted() {
     assert_eq!(d.metric(r#"dpcoord_stats_messages_total{result="ok"}"#), Some(ok));
     // least_tokens reads SGLang's own total (KV + queued), not the KV in use.
     assert_eq!(d.ranks()[1]["counts"], json!([2, 3, 0, 0, 0]));
+    // KV usage: 3,000 of 10,000 tokens; rank 0 has reported nothing.
+    assert_eq!([d.ranks()[0]["kv_usage"].clone(), d.ranks()[1]["kv_usage"].clone()], [json!(null), json!(0.3)]);
+    // A hybrid model's fuller pool can pass max_total_num_tokens: taken as full.
+    p[1].send(1, 3, 2, 12_000, 20_000);
+    eventually("usage capped at 1", || (d.ranks()[1]["kv_usage"] == json!(1.0)).then_some(()));
+    let gauge = r#"dpcoord_engine_kv_usage{dp_rank="1"}"#;
+    eventually("its gauge after a tick", || (d.metric(gauge) == Some(1.0)).then_some(()));
+    assert!(d.metric(r#"dpcoord_engine_kv_usage{dp_rank="0"}"#).unwrap().is_nan());
 }
 
 #[test]

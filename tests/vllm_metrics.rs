@@ -28,12 +28,16 @@ enum Answer {
     Garbage,
 }
 
-/// A body with just the gauges dpcoord reads.
+/// A body with just the gauges dpcoord reads, at KV usage 0.5.
 fn gauges(waiting: u64, running: u64) -> String {
+    gauges_kv(waiting, running, "0.5")
+}
+
+fn gauges_kv(waiting: u64, running: u64, kv: &str) -> String {
     format!(
         "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} {waiting}.0\n\
          # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}.0\n\
-         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} 0.5\n"
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv}\n"
     )
 }
 
@@ -105,6 +109,34 @@ fn scraped_bodies_bring_two_ranks_up_with_their_counts() {
     assert!(ok >= 3.0, "{ok}");
     assert!(d.metric(r#"dpcoord_stats_messages_total{result="ok"}"#).unwrap() >= 3.0);
     assert_eq!(d.metric(r#"dpcoord_stats_messages_total{result="malformed"}"#), Some(0.0));
+}
+
+#[test]
+fn the_kv_usage_is_shown_per_rank_and_one_out_of_range_fails_the_scrape() {
+    let (url0, body0) = metrics_server(gauges_kv(2, 3, "0.75"));
+    let (url1, _) = metrics_server(RANK3.to_owned());
+    let d = start(&[&url0, &url1], &FROZEN);
+    d.await_counts(0, [2, 3, 0, 0, 0]);
+    d.await_counts(1, [7, 5, 0, 0, 0]);
+    let usage = || d.ranks().iter().map(|r| r["kv_usage"].clone()).collect::<Vec<_>>();
+    assert_eq!(usage(), [json!(0.75), json!(0.415)]);
+    eventually("the gauges after a tick", || {
+        let got = [0, 1].map(|r| d.metric(&format!("dpcoord_engine_kv_usage{{dp_rank=\"{r}\"}}")));
+        (got == [Some(0.75), Some(0.415)]).then_some(())
+    });
+    // Usage 1.5, -0.25, NaN: each body is refused whole (its counts too).
+    for kv in ["1.5", "-0.25", "NaN"] {
+        let malformed = d.metric(r#"dpcoord_scrapes_total{result="malformed"}"#).unwrap();
+        *body0.lock().unwrap() = gauges_kv(9, 9, kv);
+        eventually(&format!("usage {kv} refused"), || {
+            (d.metric(r#"dpcoord_scrapes_total{result="malformed"}"#).unwrap() > malformed).then_some(())
+        });
+        assert_eq!(d.ranks()[0]["counts"], json!([2, 3, 0, 0, 0]), "usage {kv}");
+        assert_eq!(usage(), [json!(0.75), json!(0.415)], "usage {kv}");
+    }
+    *body0.lock().unwrap() = gauges_kv(1, 1, "1");
+    d.await_counts(0, [1, 1, 0, 0, 0]);
+    assert_eq!(usage(), [json!(1.0), json!(0.415)]);
 }
 
 #[test]

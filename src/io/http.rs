@@ -187,6 +187,7 @@ mod tests {
             kv_blocks: Default::default(),
             kv_block_size: None,
             kv_index: None,
+            kv_usage: None,
         }
     }
 

@@ -22,6 +22,8 @@ pub struct RankMetrics {
     pub up: IntGauge,
     pub penalty: Gauge,
     pub age: Gauge,
+    /// NaN while the rank's last update carried no KV usage.
+    pub kv_usage: Gauge,
     /// `dpcoord_engine_routable_changes_total` by `change`.
     pub joined: IntCounter,
     pub lost: IntCounter,
@@ -118,6 +120,7 @@ struct RankFamilies {
     up: IntGaugeVec,
     penalty: prometheus::GaugeVec,
     age: prometheus::GaugeVec,
+    kv_usage: prometheus::GaugeVec,
     changes: IntCounterVec,
     stalls: IntCounterVec,
     stalled: IntGaugeVec,
@@ -137,6 +140,7 @@ impl RankFamilies {
             up: self.up.with_label_values(&[&k]),
             penalty: self.penalty.with_label_values(&[&k]),
             age: self.age.with_label_values(&[&k]),
+            kv_usage: self.kv_usage.with_label_values(&[&k]),
             joined: self.changes.with_label_values(&[&k, "joined"]),
             lost: self.changes.with_label_values(&[&k, "lost"]),
             readmitted: self.changes.with_label_values(&[&k, "readmitted"]),
@@ -144,6 +148,7 @@ impl RankFamilies {
             stalled: self.stalled.with_label_values(&[&k]),
         };
         m.age.set(f64::NAN);
+        m.kv_usage.set(f64::NAN);
         m
     }
 
@@ -162,6 +167,7 @@ impl RankFamilies {
         let _ = self.up.remove_label_values(&[&k]);
         let _ = self.penalty.remove_label_values(&[&k]);
         let _ = self.age.remove_label_values(&[&k]);
+        let _ = self.kv_usage.remove_label_values(&[&k]);
         for change in ["joined", "lost", "readmitted"] {
             let _ = self.changes.remove_label_values(&[&k, change]);
         }
@@ -302,6 +308,16 @@ impl Metrics {
                 &["dp_rank"],
             )),
         );
+        let kv_usage = register(
+            &r,
+            built(prometheus::GaugeVec::new(
+                opts(
+                    "dpcoord_engine_kv_usage",
+                    "KV-cache usage (0..1) of the rank's last valid update (NaN when it carried none).",
+                ),
+                &["dp_rank"],
+            )),
+        );
         let changes = register(
             &r,
             built(IntCounterVec::new(
@@ -391,7 +407,8 @@ impl Metrics {
                 &["result"],
             )),
         );
-        let families = RankFamilies { routed, requests, finished, failed, up, penalty, age, changes, stalls, stalled };
+        let families =
+            RankFamilies { routed, requests, finished, failed, up, penalty, age, kv_usage, changes, stalls, stalled };
         let mut m = Metrics {
             registry: r,
             ranks: Vec::new(),

@@ -5,7 +5,7 @@ use prometheus::proto::MetricType;
 use super::*;
 
 /// The contract's Metrics table: name, type, label names.
-const CONTRACT: [(&str, MetricType, &[&str]); 21] = [
+const CONTRACT: [(&str, MetricType, &[&str]); 22] = [
     ("dpcoord_routed_total", MetricType::COUNTER, &["class", "dp_rank"]),
     ("dpcoord_route_errors_total", MetricType::COUNTER, &["code"]),
     ("dpcoord_route_duration_seconds", MetricType::HISTOGRAM, &["channel"]),
@@ -28,6 +28,7 @@ const CONTRACT: [(&str, MetricType, &[&str]); 21] = [
     ("dpcoord_engine_routable_changes_total", MetricType::COUNTER, &["change", "dp_rank"]),
     ("dpcoord_rank_stalls_total", MetricType::COUNTER, &["cause", "dp_rank"]),
     ("dpcoord_engine_stalled", MetricType::GAUGE, &["dp_rank"]),
+    ("dpcoord_engine_kv_usage", MetricType::GAUGE, &["dp_rank"]),
 ];
 
 #[test]
@@ -64,12 +65,17 @@ fn resize_adds_and_removes_every_series_of_a_rank() {
     m.ranks[1].routed_user.inc();
     m.resize(4);
     assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_requests")), (8, 12));
+    assert_eq!(series(&m, "dpcoord_engine_kv_usage"), 4);
     m.resize(1);
     assert_eq!((series(&m, "dpcoord_routed_total"), series(&m, "dpcoord_engine_up")), (2, 1));
+    assert_eq!(series(&m, "dpcoord_engine_kv_usage"), 1);
     assert_eq!(series(&m, "dpcoord_engine_routable_changes_total"), 3);
-    // A rank that comes back starts over.
+    // A rank that comes back starts over: no usage until it reports one.
+    m.ranks[0].kv_usage.set(0.5);
     m.resize(2);
     assert_eq!(m.ranks[1].routed_user.get(), 0);
+    assert_eq!(m.ranks[0].kv_usage.get(), 0.5);
+    assert!(m.ranks[1].kv_usage.get().is_nan());
 }
 
 #[test]

@@ -28,6 +28,7 @@ pub(super) fn export(engines: &EngineTable, user: &UserDispatcher, metrics: &Met
         m.up.set(i64::from(e.status.is_routable()));
         m.penalty.set(e.penalty);
         m.age.set(e.age(now).map_or(f64::NAN, |a| a.as_secs_f64()));
+        m.kv_usage.set(e.kv_usage.unwrap_or(f64::NAN));
         m.joined.inc_by(e.changes.joined.saturating_sub(m.joined.get()));
         m.lost.inc_by(e.changes.lost.saturating_sub(m.lost.get()));
         m.readmitted.inc_by(e.changes.readmitted.saturating_sub(m.readmitted.get()));
@@ -75,6 +76,7 @@ pub(super) fn state_view(
                     true => "degraded",
                     false => "exact",
                 }),
+                kv_usage: e.kv_usage,
             }
         })
         .collect();

@@ -42,6 +42,8 @@ fn worst_rank() -> RankView {
         kv_blocks: Medium::ALL.into_iter().map(|m| (m.as_str(), u64::MAX)).collect(),
         kv_block_size: Some(u32::MAX),
         kv_index: Some("degraded"),
+        // A float64 is 9 bytes whatever its value.
+        kv_usage: Some(1.0),
     }
 }
 
@@ -135,10 +137,10 @@ mod tests {
 
     #[test]
     fn state_leads_at_the_defaults_and_route_at_a_large_max_batch() {
-        // dp_size 8, max_batch 1024: the state reply (294 bytes per rank at worst).
-        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2605);
-        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2605);
-        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 294);
+        // dp_size 8, max_batch 1024: the state reply (312 bytes per rank at worst).
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2749);
+        assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2749);
+        assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 312);
         // 65,536 ranks of one byte each (all below 128) outgrow the state of 8.
         let id = longest_id();
         let mut out = Vec::new();

@@ -132,6 +132,9 @@ pub struct RankView {
     /// Whether this rank's KV-event index is `exact` or `degraded`; nil
     /// until its publisher sends a batch.
     pub kv_index: Option<&'static str>,
+    /// The KV-cache usage (0..=1) of the last accepted update; nil when it
+    /// carried none.
+    pub kv_usage: Option<f64>,
 }
 
 /// The engine table as the `state` op and `/state` show it.

@@ -260,6 +260,9 @@ mod tests {
             ("inf tpot", with("tpot_ms", f64::INFINITY.into())),
             ("negative ttft", with("ttft_ms", (-1.0).into())),
             ("kv above 1", with("kv_usage", 1.5.into())),
+            ("kv NaN", with("kv_usage", f64::NAN.into())),
+            ("kv negative", with("kv_usage", (-0.25).into())),
+            ("kv infinite", with("kv_usage", f64::INFINITY.into())),
             ("kv string", with("kv_usage", "x".into())),
         ];
         for (what, bytes) in bad {
@@ -269,6 +272,7 @@ mod tests {
         assert_eq!(msg(&with("counts", V::Array(vec![0.into(); 4]))), "`counts` must hold exactly 5 integers, got 4");
         assert_eq!(msg(&with("seq", (-1).into())), "`seq` must be a non-negative integer, got -1");
         assert_eq!(msg(&with("kv_usage", 1.5.into())), "`kv_usage` must be within 0..=1, got 1.5");
+        assert_eq!(msg(&with("kv_usage", (-0.25).into())), "`kv_usage` must be within 0..=1, got -0.25");
         assert_eq!(msg(&without("boot")), "missing `boot`");
         assert_eq!(msg(&[0xc1, 0x00]), "not valid MessagePack: message uses a reserved MessagePack marker");
     }

@@ -125,7 +125,9 @@ fn sums(body: &str) -> Result<[(f64, u32); 3], VllmMetricsError> {
         let Some(i) = GAUGES.iter().position(|g| *g == m.name) else { continue };
         for s in &m.samples {
             let v: f64 = s.value.value.parse().map_err(|_| VllmMetricsError::Syntax)?;
-            if !(v.is_finite() && v >= 0.0) {
+            // Counts are at least 0; vLLM's KV usage is a share, `0..=1`.
+            let max = if GAUGES[i] == KV_USAGE { 1.0 } else { f64::INFINITY };
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
                 return Err(VllmMetricsError::Value { name: GAUGES[i], value: v });
             }
             got[i] = (got[i].0 + v, got[i].1 + 1);
@@ -144,7 +146,8 @@ fn count(name: &'static str, (sum, n): (f64, u32)) -> Result<u64, VllmMetricsErr
 }
 
 /// What dpcoord reads of one body: the requests waiting and running
-/// (summed over engines) and the KV usage (their mean, at most 1).
+/// (summed over engines) and the KV usage (their mean; a sample above 1
+/// fails the body).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VllmGauges {
     pub waiting: u64,
@@ -183,6 +186,7 @@ pub fn read_vllm_metrics(body: &[u8]) -> Result<VllmGauges, VllmMetricsError> {
     Ok(VllmGauges {
         waiting: count(WAITING, waiting)?,
         running: count(RUNNING, running)?,
+        // The mean of samples in 0..=1 stays in it; `min` only guards the rounding.
         kv_usage: (engines > 0).then(|| (kv / f64::from(engines)).min(1.0)),
     })
 }

@@ -61,9 +61,17 @@ fn bodies_without_the_gauges_or_with_bad_values_are_refused() {
 }
 
 #[test]
-fn kv_usage_is_capped_at_one() {
-    let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 1.2\n";
-    assert_eq!(decode(0, 1, body).unwrap().kv_usage, Some(1.0));
+fn a_kv_usage_outside_0_to_1_or_not_a_number_is_refused() {
+    // vLLM's usage is `1 - free / total`: 1.2 (a percent, another exporter) is not it.
+    let body =
+        |kv: &str| format!("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc {kv}\n");
+    for (kv, value) in [("1.2", 1.2), ("1.000001", 1.000001), ("41.5", 41.5), ("-0.25", -0.25), ("+Inf", f64::INFINITY)]
+    {
+        assert_eq!(decode(0, 1, &body(kv)), Err(VllmMetricsError::Value { name: KV_USAGE, value }), "{kv}");
+    }
+    assert!(matches!(decode(0, 1, &body("NaN")), Err(VllmMetricsError::Value { name: KV_USAGE, .. })));
+    assert_eq!(decode(0, 1, &body("1")).unwrap().kv_usage, Some(1.0));
+    assert_eq!(decode(0, 1, &body("0")).unwrap().kv_usage, Some(0.0));
 }
 
 #[test]

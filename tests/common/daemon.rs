@@ -134,10 +134,11 @@ impl Daemon {
     }
 
     /// Everything in `state` but the ages (which tick on their own): epoch,
-    /// and per rank its rank, status, counts, boot, `routed` and `pending`.
+    /// and per rank its rank, status, counts, boot, `routed`, `pending` and
+    /// `kv_usage`.
     pub fn books(&self) -> Value {
         let s = self.state();
-        let keys = ["rank", "status", "counts", "boot", "routed", "pending"];
+        let keys = ["rank", "status", "counts", "boot", "routed", "pending", "kv_usage"];
         let ranks: Vec<Value> = s["ranks"]
             .as_array()
             .unwrap()

@@ -24,6 +24,7 @@ requests are added and finish) and the adapters combine both.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from typing import Any, Mapping
@@ -50,7 +51,11 @@ def field(obj: Any, *names: str, default: Any = None) -> Any:
 
 
 def _clamp01(x: float | None) -> float | None:
-    return None if x is None else min(1.0, max(0.0, float(x)))
+    """A share in [0, 1]: the engine's value clamped; ``None`` for none or NaN
+    (dpcoord refuses a NaN, and 0 would claim an empty KV cache)."""
+    if x is None or math.isnan(x := float(x)):
+        return None
+    return min(1.0, max(0.0, x))
 
 
 def is_failure(reason: Any) -> bool:

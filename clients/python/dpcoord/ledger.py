@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import threading
 import time
@@ -41,6 +42,14 @@ from typing import Any, Iterator
 
 #: latency samples kept for the ``ttft_ms`` / ``tpot_ms`` means
 WINDOW = 64
+
+
+def _share(x: Any) -> float | None:
+    """vLLM's KV usage clamped to [0, 1]; ``None`` for none or NaN (dpcoord
+    refuses a NaN ``kv_usage``, and 0 would claim an empty KV cache)."""
+    if x is None or math.isnan(x := float(x)):
+        return None
+    return min(1.0, max(0.0, x))
 
 
 @dataclass
@@ -141,7 +150,7 @@ class RankLedger:
             received=self.received,
             finished=self.finished,
             failed=self.failed,
-            kv_usage=None if self.kv_usage is None else min(1.0, max(0.0, float(self.kv_usage))),
+            kv_usage=_share(self.kv_usage),
             ttft_ms=sum(self.ttft) / len(self.ttft) if self.ttft else None,
             tpot_ms=sum(self.tpot) / len(self.tpot) if self.tpot else None,
             progress=self.steps,

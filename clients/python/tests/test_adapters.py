@@ -85,6 +85,10 @@ def test_vllm_scheduler_stats_mapping():
     kw = vllm_publish_kwargs(new, c, tokens=(7, 8))
     # received: at least finished + failed + waiting + running.
     assert (kw["waiting"], kw["running"], kw["received"], kw["tokens"], kw["kv_usage"]) == (3, 4, 11, (7, 8), 1.0)
+    # Below 0 is sent as 0; NaN (which dpcoord would refuse, update and all) is left out.
+    for kv, sent in [(-0.5, 0.0), (float("nan"), None), (float("inf"), 1.0)]:
+        kw = vllm_publish_kwargs(SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=kv), c)
+        assert kw["kv_usage"] == sent, kv
 
 
 def test_counters_received_counts_explicit_arrivals():

@@ -76,8 +76,11 @@ def test_real_vllm_metrics_bring_ranks_up_and_steer_least_load(real, start_daemo
         eventually("both ranks up from their /metrics", lambda: d.statuses() == ["up", "up"])
         counts = [r["counts"] for r in d.state()["ranks"]]
         assert counts == [[3, 4, 0, 0, 0], [0, 1, 0, 0, 0]], counts
+        assert [r["kv_usage"] for r in d.state()["ranks"]] == [0.5, 0.125]
+        eventually("the KV gauges", lambda: [d.metric("dpcoord_engine_kv_usage", f'dp_rank="{r}"') for r in (0, 1)]
+                   == [0.5, 0.125])
         assert d.metric("dpcoord_scrapes_total", 'result="malformed"') == 0
-        # least_load: 4*3 + 4 = 16 against 1 on rank 1.
+        # least_load: 4*3 + 4 = 16 against 1 on rank 1 (at usage 0.5, no KV pressure yet).
         assert d.call("route", {"v": 1, "op": "route"})["ranks"] == [1]
     finally:
         server.shutdown()

@@ -117,6 +117,26 @@ def test_two_api_servers_publish_one_rank_without_stale_drops(real, plugin, star
         assert d.metric("dpcoord_stats_messages_total", f'result="{key}"') == 0, key
 
 
+def test_kv_cache_usage_is_exported_and_weighs_the_queue(real, plugin, start_daemon):
+    """vLLM's own SchedulerStats.kv_cache_usage through the plugin: shown per rank,
+    and a nearly full KV cache makes a rank's queue weigh more under least_load."""
+    d = start_daemon("--dp-size", "2", "--policy", "least_load")
+    [server] = plugin(d.stats, engines=2)
+    server.record(sched(real, waiting=2, running=4, kv=0.875), None, engine_idx=0)
+    server.record(sched(real, waiting=2, running=4, kv=0.125), None, engine_idx=1)
+    eventually("both ranks with their usage", lambda: [r["kv_usage"] for r in d.state()["ranks"]] == [0.875, 0.125])
+    # received is inferred as waiting + running, so nothing is pending:
+    # 3.25 * 4*2 + 4 = 30 against 4*2 + 4 = 12 (docs/routing.md, KV pressure).
+    assert [r["load"] for r in d.state()["ranks"]] == [30.0, 12.0]
+    assert d.call("route", {"v": 1, "op": "route"})["ranks"] == [1]
+    eventually("the gauges", lambda: [d.metric("dpcoord_engine_kv_usage", f'dp_rank="{r}"') for r in (0, 1)]
+               == [0.875, 0.125])
+    # A NaN usage is left out of the update (dpcoord would refuse the whole update).
+    server.record(sched(real, waiting=2, running=4, kv=float("nan")), None, engine_idx=0)
+    eventually("rank 0 without a usage", lambda: d.state()["ranks"][0]["kv_usage"] is None)
+    assert d.metric("dpcoord_stats_messages_total", 'result="malformed"') == 0
+
+
 class Tap:
     """A stats endpoint that records every update and forwards it to dpcoord."""
 
