@@ -1,4 +1,4 @@
-"""The attacks of issue #17 at the scale it reported them, against a real dpcoord.
+"""The memory attacks of docs/failure-behaviour.md at the scale first reported, against a real dpcoord.
 
 Each attack gets a fresh daemon (so its peak RSS, VmHWM, is the attack's own)
 and prints RSS before, at the peak and after the attackers left, and whether a

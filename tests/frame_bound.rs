@@ -1,4 +1,4 @@
-//! The frames of one message are bounded (issue 17). libzmq 4.3.4 checks
+//! The frames of one message are bounded. libzmq 4.3.4 checks
 //! each frame against `ZMQ_MAXMSGSIZE` and counts its high-water marks in
 //! whole messages, so a peer that sends frames flagged MORE and never ends
 //! the message made dpcoord hold every frame: 9 MB on the wire took it from

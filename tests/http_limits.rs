@@ -1,4 +1,4 @@
-//! File descriptors are a budget (issue #17): the real binary under a low
+//! File descriptors are a budget: the real binary under a low
 //! `nofile` limit raises its soft limit to the hard one, caps HTTP at a
 //! quarter of it, closes the longest-silent connection to make room for a
 //! new one, and closes slowloris and idle connections on their timeouts.

@@ -1,4 +1,4 @@
-//! The sources dpcoord connects to are bounded by bytes (issue 17): each
+//! The sources dpcoord connects to are bounded by bytes: each
 //! link has libzmq's per-frame limit (the source's own limit plus 64 KiB)
 //! and a high-water mark derived from a byte budget. A frame a little over
 //! the source's limit is read and refused by dpcoord (the link kept); one
