@@ -150,7 +150,10 @@ impl KvMetrics {
             evicted: add(
                 r,
                 IntCounterVec::new(
-                    Opts::new("dpcoord_kv_blocks_evicted_total", "KV blocks dropped, oldest first, to keep the rank in its share of the memory budget."),
+                    Opts::new(
+                        "dpcoord_kv_blocks_evicted_total",
+                        "KV blocks dropped, oldest first, to keep the rank in its share of the memory budget.",
+                    ),
                     &["dp_rank"],
                 ),
             ),

@@ -70,14 +70,7 @@ fn vllm_array_batch_with_map_events_salt_from_the_first_blocks_extra_keys() {
     let mut first = stored(&[11, (-12i64) as u64], None, &[1, 2, 3, 4], Some("adapter"), Some("tenant-a"));
     let KvEvent::Stored(st) = &mut first else { unreachable!() };
     st.unmatchable = Some((0, OPAQUE_EXTRA)); // the image's identity is in the hash, not the tokens
-    assert_eq!(
-        got.events,
-        vec![
-            first,
-            KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu },
-            KvEvent::Cleared,
-        ]
-    );
+    assert_eq!(got.events, vec![first, KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu }, KvEvent::Cleared,]);
 }
 
 #[test]

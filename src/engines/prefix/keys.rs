@@ -91,9 +91,9 @@ mod tests {
         let by_hand = xxh3_64(b"dpcoord-kv-2\0\x02\0\0\0\0\0\0\0a\0\x01\0\0\0\0\0\0\0b");
         assert_eq!(chain_seed(Some("a\0"), Some("b")), by_hand);
         // Where a NUL falls no longer moves bytes from one part to the other.
-        let pairs = [("a\0", ""), ("a", "\0"), ("", "a\0"), ("\0a", ""), ("a", ""), ("", "a"), ("a\0\0", ""), ("\0", "\0")];
-        let seeds: std::collections::HashSet<u64> =
-            pairs.iter().map(|&(l, s)| chain_seed(Some(l), Some(s))).collect();
+        let pairs =
+            [("a\0", ""), ("a", "\0"), ("", "a\0"), ("\0a", ""), ("a", ""), ("", "a"), ("a\0\0", ""), ("\0", "\0")];
+        let seeds: std::collections::HashSet<u64> = pairs.iter().map(|&(l, s)| chain_seed(Some(l), Some(s))).collect();
         assert_eq!(seeds.len(), pairs.len(), "every pair has its own seed");
         // The answers the Python client's tests hold (clients/python/tests/test_prefix.py).
         assert_eq!(chain_seed(None, None), 1889521019268027495);
