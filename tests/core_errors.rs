@@ -282,13 +282,16 @@ fn no_engine_available_while_no_rank_is_routable_and_nothing_changes() {
     assert_eq!(h.call(json!({"v": 1, "op": "health_route"}))["rank"], json!(0));
 }
 
+/// A query's extra fields.
+type Fields = Vec<(&'static str, M)>;
+
 #[test]
 fn bad_prompts_are_refused_on_route_and_prefix_and_change_nothing() {
     let mut t = Rig::new();
     let ints = |xs: &[u64]| M::Array(xs.iter().map(|&x| M::from(x)).collect());
     let keys = ("block_keys", ints(&[11, 12]));
     // `tokens` and `block_keys` together: which one the prompt is cannot be told.
-    let bad: Vec<(&str, Vec<(&str, M)>, &str, &str)> = vec![
+    let bad: Vec<(&str, Fields, &str, &str)> = vec![
         ("tokens and block_keys", vec![("tokens", ints(&[1, 2])), keys.clone()], "bad_request", "not both"),
         ("block_keys with lora", vec![keys.clone(), ("lora", "a".into())], "bad_request", "already in `block_keys`"),
         ("block_keys with salt", vec![keys.clone(), ("salt", "s".into())], "bad_request", "already in `block_keys`"),

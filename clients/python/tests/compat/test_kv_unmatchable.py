@@ -11,18 +11,24 @@ events on, the engine core's request block hasher), requests built from an
 ``get_computed_blocks`` + ``allocate_slots`` (which caches the full blocks and queues
 their ``BlockStored``) and released with ``free``; the step's events from
 ``KVCacheManager.take_events`` published through the ``ZmqEventPublisher`` that
-``EventPublisherFactory`` builds (test_kv_events.py's fixture and helpers)."""
+``EventPublisherFactory`` builds (test_kv_events.py's fixture and helpers).
+
+SGLang 0.5.23's ``RadixCache`` (test_kv_events.py's ``sglang_kv``): a request's
+``extra_key`` without LoRA namespaces the tree but reaches no event field, so dpcoord
+cannot tell its blocks apart; that test pins the limit as it stands."""
 
 from __future__ import annotations
 
 import itertools
 import random
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 
-from test_kv_events import (  # noqa: F401  (vllm_kv is a fixture)
-    Prompt, Wire, batches, counters, differ, events, free_ports, join, settle_counters, start, tokens, vllm_kv,
+from test_kv_events import (  # noqa: F401  (vllm_kv, sglang_kv are fixtures)
+    Prompt, Values, Wire, batches, counters, differ, events, free_ports, join, settle_counters, start, tokens,
+    sglang_kv, vllm_kv,
 )
 
 
@@ -157,3 +163,33 @@ def test_vllm_blocks_of_an_image_are_never_matched(vllm_kv, real, start_daemon):
     differ("cat's chain continued", d, [e], {"longer": longer},
            {"longer": [6]}, {"longer": [1], "kv_blocks": [{"GPU": e.blocks()}]})
     settle_counters(d, before, {batches("ok"): 2, events(0, "unmatchable"): 2})
+
+
+def test_sglang_extra_key_reaches_no_event_field_a_known_limit(sglang_kv, start_daemon):
+    """SGLang keys its radix tree by ``(extra_key, tokens)`` (``RadixKey``; a request's
+    ``extra_key`` without LoRA, e.g. a caller's classification), so a store under
+    ``extra_key="ctx-1"`` is never hit by the same tokens without it. Its ``BlockStored``
+    is byte for byte a plain store's (``compute_node_event_hash_values``: "Hash tokens
+    with the legacy salt seed; omit extra_key"; no field names it): nothing in the event
+    lets dpcoord keep it out, and it claims the blocks for a plain prompt the engine
+    would miss (docs/prefix-cache.md, "Limits, known"). If SGLang ever publishes the
+    namespace, the equality below fails first."""
+    rng = random.Random(43)
+    port = free_ports(2)
+    d = start(start_daemon, 1, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
+    e = sglang_kv(0, 1, port, port + 1, page_size=16)
+    P = e.block_size
+    join(d, e, 0, rng)
+    before = counters(d)
+
+    plain = Prompt(tokens(rng, 4 * P))
+    radix, params = e.s.radix, e.s.params
+    twin = radix.RadixCache.create_simulated(mock_allocator=type(e.cache.token_to_kv_pool_allocator)(),
+                                             page_size=P, enable_kv_cache_events=True)
+    twin.insert(params.InsertParams(key=radix.RadixKey(array("q", plain.tokens)), value=Values(range(4 * P))))
+    e.cache.insert(params.InsertParams(key=radix.RadixKey(array("q", plain.tokens), extra_key="ctx-1"),
+                                       value=Values(range(4 * P))))
+    [stored] = e.step()
+    assert stored == twin.kv_events._queue[-1], "SGLang's event for an extra_key store now differs from a plain one"
+    differ("stored under extra_key ctx-1", d, [e], {"plain": plain}, {"plain": [0]}, {"plain": [4]})
+    settle_counters(d, before, {batches("ok"): 1, events(0, "stored"): 1})
