@@ -13,7 +13,9 @@ their ``BlockStored``) and released with ``free``; the step's events from
 ``KVCacheManager.take_events`` published through the ``ZmqEventPublisher`` that
 ``EventPublisherFactory`` builds (test_kv_events.py's fixture and helpers).
 
-SGLang 0.5.23's ``RadixCache`` (test_kv_events.py's ``sglang_kv``): a request's
+SGLang 0.5.23's default tree cache, ``UnifiedRadixCache`` (FULL component, Python tree
+core; test_kv_events.py's ``sglang_kv`` with ``unified=True``), published by the
+scheduler's ``SchedulerKvEventsPublisher``: a request's
 ``extra_key`` without LoRA namespaces the tree but reaches no event field, so dpcoord
 cannot tell its blocks apart; that test pins the limit as it stands."""
 
@@ -175,21 +177,20 @@ def test_sglang_extra_key_reaches_no_event_field_a_known_limit(sglang_kv, start_
     would miss (docs/prefix-cache.md, "Limits, known"). If SGLang ever publishes the
     namespace, the equality below fails first."""
     rng = random.Random(43)
-    port = free_ports(2)
+    port = free_ports(4)
     d = start(start_daemon, 1, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
-    e = sglang_kv(0, 1, port, port + 1, page_size=16)
+    e = sglang_kv(0, 1, port, port + 1, page_size=16, unified=True)
     P = e.block_size
     join(d, e, 0, rng)
     before = counters(d)
 
     plain = Prompt(tokens(rng, 4 * P))
     radix, params = e.s.radix, e.s.params
-    twin = radix.RadixCache.create_simulated(mock_allocator=type(e.cache.token_to_kv_pool_allocator)(),
-                                             page_size=P, enable_kv_cache_events=True)
-    twin.insert(params.InsertParams(key=radix.RadixKey(array("q", plain.tokens)), value=Values(range(4 * P))))
     e.cache.insert(params.InsertParams(key=radix.RadixKey(array("q", plain.tokens), extra_key="ctx-1"),
                                        value=Values(range(4 * P))))
     [stored] = e.step()
-    assert stored == twin.kv_events._queue[-1], "SGLang's event for an extra_key store now differs from a plain one"
+    twin = sglang_kv(0, 1, port + 2, port + 3, page_size=P, unified=True)  # never published
+    twin.cache.insert(params.InsertParams(key=radix.RadixKey(array("q", plain.tokens)), value=Values(range(4 * P))))
+    assert stored == twin.recorder._queue[-1], "SGLang's event for an extra_key store now differs from a plain one"
     differ("stored under extra_key ctx-1", d, [e], {"plain": plain}, {"plain": [0]}, {"plain": [4]})
     settle_counters(d, before, {batches("ok"): 1, events(0, "stored"): 1})
