@@ -281,3 +281,41 @@ fn no_engine_available_while_no_rank_is_routable_and_nothing_changes() {
     assert_eq!(r, json!({"v": 1, "ok": true, "ranks": [0, 1, 2, 3], "epoch": 4}));
     assert_eq!(h.call(json!({"v": 1, "op": "health_route"}))["rank"], json!(0));
 }
+
+/// A query's extra fields.
+type Fields = Vec<(&'static str, M)>;
+
+#[test]
+fn bad_prompts_are_refused_on_route_and_prefix_and_change_nothing() {
+    let mut t = Rig::new();
+    let ints = |xs: &[u64]| M::Array(xs.iter().map(|&x| M::from(x)).collect());
+    let keys = ("block_keys", ints(&[11, 12]));
+    // `tokens` and `block_keys` together: which one the prompt is cannot be told.
+    let bad: Vec<(&str, Fields, &str, &str)> = vec![
+        ("tokens and block_keys", vec![("tokens", ints(&[1, 2])), keys.clone()], "bad_request", "not both"),
+        ("block_keys with lora", vec![keys.clone(), ("lora", "a".into())], "bad_request", "already in `block_keys`"),
+        ("block_keys with salt", vec![keys.clone(), ("salt", "s".into())], "bad_request", "already in `block_keys`"),
+        ("lora without a prompt", vec![("lora", "a".into())], "bad_request", "go with `tokens`"),
+        ("a token above u32", vec![("tokens", ints(&[1, 1 << 32]))], "bad_request", "`tokens[1]`"),
+        ("a key that is a string", vec![("block_keys", M::Array(vec!["k".into()]))], "bad_request", "`block_keys[0]`"),
+        (
+            "lora NUL is fine, salt an int is not",
+            vec![("tokens", ints(&[1])), ("lora", "a\0".into()), ("salt", 3.into())],
+            "bad_request",
+            "salt",
+        ),
+        // limits.max_prompt_tokens (262,144) / 16 tokens per key.
+        ("16,385 keys", vec![("block_keys", ints(&[1; 16_385]))], "too_large", "above the limit of 16384"),
+    ];
+    for (what, fields, code, mentions) in bad {
+        let r = route("bad-prompt", &fields);
+        t.refused(&format!("route: {what}"), Via::Route(r), code, Some(json!("bad-prompt")), mentions);
+        let p = query("prefix", "bad-prefix", &fields);
+        t.refused(&format!("prefix: {what}"), Via::Health(p), code, Some(json!("bad-prefix")), mentions);
+    }
+    // The limit itself is served, and a LoRA name with a NUL byte is a name like any other.
+    let ok = t.health.call_raw(&query("prefix", "at-limit", &[("block_keys", ints(&[1; 16_384]))]));
+    assert_eq!((ok["ok"].clone(), ok["blocks"].clone()), (json!(true), json!(16_384)), "{ok}");
+    let nul = t.health.call_raw(&query("prefix", "nul", &[("tokens", ints(&[1; 32])), ("lora", "a\0".into())]));
+    assert_eq!((nul["ok"].clone(), nul["matched"].clone()), (json!(true), json!([0, 0, 0, 0])), "{nul}");
+}

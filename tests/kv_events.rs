@@ -171,3 +171,53 @@ fn a_restarted_publisher_whose_seq_passed_the_old_one_leaves_no_old_block() {
     assert_eq!(d.metric("dpcoord_kv_event_gaps_total"), Some(0.0), "a new publisher, not a gap");
     assert_eq!(d.metric("dpcoord_kv_index_degraded{dp_rank=\"0\"}"), Some(0.0));
 }
+
+/// `stored` with one more field, as vLLM adds it.
+fn stored_with(hashes: &[u64], parent: Option<u64>, tokens: &[u32], field: &str, value: rmpv::Value) -> rmpv::Value {
+    let mut ev = stored(hashes, parent, tokens);
+    if let rmpv::Value::Map(fields) = &mut ev {
+        fields.push((field.into(), value));
+    }
+    ev
+}
+
+#[test]
+fn blocks_keyed_by_more_than_tokens_are_held_and_never_matched() {
+    use rmpv::Value as M;
+    let ctx = zmq::Context::new();
+    let (mut e, p, r) = engines(&ctx, 2);
+    let d = Daemon::frozen(
+        "2",
+        &[
+            "--kv-events-connect",
+            &format!("tcp://127.0.0.1:{p}+rank"),
+            "--kv-events-replay",
+            &format!("tcp://127.0.0.1:{r}+rank"),
+        ],
+    );
+    join(&d, &mut e);
+    let ints = |xs: &[i64]| M::Array(xs.iter().map(|&x| M::from(x)).collect());
+    // Rank 0: lookahead hashes (every block), then a block continuing them.
+    let look = M::Array(vec![ints(&[3]), ints(&[5])]);
+    e[0].publish(vec![stored_with(&[10, 11], None, &[1, 2, 3, 4], "lookahead_token_ids", look)]);
+    e[0].publish(vec![stored(&[12], Some(11), &[5, 6])]);
+    // Rank 1: an image in the second block (a multimodal pair in its extra keys).
+    let image = M::Array(vec![M::Nil, M::Array(vec![M::Array(vec!["img".into(), 0.into()])]), M::Nil]);
+    e[1].publish(vec![stored_with(&[20, 21, 22], None, &[1, 2, 3, 4, 5, 6], "extra_keys", image)]);
+    let unmatchable = |r: &str| d.metric(&format!("dpcoord_kv_events_total{{dp_rank=\"{r}\",result=\"unmatchable\"}}"));
+    eventually("the three stores applied", || {
+        (unmatchable("0") == Some(2.0) && unmatchable("1") == Some(1.0)).then_some(())
+    });
+    assert_eq!(prefix(&d, &PROMPT), json!({"blocks": 3, "matched": [0, 1]}), "the text block before the image only");
+    let s = d.state();
+    assert_eq!((&s["ranks"][0]["kv_blocks"], &s["ranks"][1]["kv_blocks"]), (&json!({"GPU": 3}), &json!({"GPU": 3})));
+    // Held: removing them is a removal, not an unknown block.
+    e[0].publish(vec![removed(&[12, 11, 10])]);
+    eventually("the removal applied", || {
+        (d.metric("dpcoord_kv_events_total{dp_rank=\"0\",result=\"removed\"}") == Some(1.0)).then_some(())
+    });
+    assert_eq!(d.metric("dpcoord_kv_events_total{dp_rank=\"0\",result=\"unknown_block\"}"), Some(0.0));
+    assert_eq!(d.metric("dpcoord_kv_events_total{dp_rank=\"0\",result=\"unknown_parent\"}"), Some(0.0));
+    assert_eq!(d.state()["ranks"][0]["kv_blocks"], json!({}));
+    assert_eq!(d.stop().code(), Some(0));
+}

@@ -238,6 +238,7 @@ fn steps(mode: Mode, report: &mut Report) {
             medium: Medium::Gpu,
             lora: None,
             salt: None,
+            unmatchable: None,
         });
         let events = [ev];
         let mut at = Progress::default();

@@ -76,6 +76,7 @@ fn store_chain(ix: &mut PrefixIndex, rank: u32, tokens: &[u32], hash0: u64) {
             medium: Medium::Gpu,
             lora: None,
             salt: None,
+            unmatchable: None,
         });
         ix.apply(rank, &[ev]);
         parent = Some(last);
@@ -284,6 +285,7 @@ fn fleet(dp: u32, policy: PolicyKind, prompt: &[u32]) -> Coordinator {
         medium: Medium::Gpu,
         lora: None,
         salt: None,
+        unmatchable: None,
     });
     let batch = Ok(KvBatch { rank: Some(dp / 2), events: vec![stored] });
     c.on_event(

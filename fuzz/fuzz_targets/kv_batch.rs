@@ -13,7 +13,7 @@
 
 use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, Medium};
 use dpcoord::engines::prefix::{PrefixIndex, Progress};
-use dpcoord::wire::{decode_kv_batch, decode_kv_message};
+use dpcoord::wire::{decode_kv_batch, decode_kv_message, LOOKAHEAD, OPAQUE_EXTRA};
 use libfuzzer_sys::fuzz_target;
 use rmp::encode;
 
@@ -90,6 +90,30 @@ fn encode_batch(batch: &KvBatch) -> Vec<u8> {
     w
 }
 
+/// The field that makes block `first` on unmatchable for `why`: a lookahead
+/// token, or in block `first`'s extra keys a multimodal pair or a string
+/// other than the LoRA name (the salt, if any, is in `cache_salt` already).
+fn unmatchable(w: &mut Vec<u8>, first: usize, why: &str, lora: Option<&str>) {
+    if why == LOOKAHEAD {
+        encode::write_str(w, "lookahead_token_ids").unwrap();
+        encode::write_array_len(w, 1).unwrap();
+        encode::write_array_len(w, 1).unwrap();
+        encode::write_uint(w, 0).unwrap();
+        return;
+    }
+    encode::write_str(w, "extra_keys").unwrap();
+    encode::write_array_len(w, first as u32 + 1).unwrap();
+    for _ in 0..first {
+        encode::write_nil(w).unwrap();
+    }
+    encode::write_array_len(w, 1).unwrap();
+    if why == OPAQUE_EXTRA {
+        encode::write_array_len(w, 0).unwrap();
+    } else {
+        encode::write_str(w, &format!("{}~", lora.unwrap_or(""))).unwrap();
+    }
+}
+
 fn opt_str(w: &mut Vec<u8>, key: &str, v: Option<&str>) {
     encode::write_str(w, key).unwrap();
     match v {
@@ -111,7 +135,7 @@ fn hashes(w: &mut Vec<u8>, hashes: &[u64]) {
 fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
     match event {
         KvEvent::Stored(s) => {
-            encode::write_map_len(w, 8).unwrap();
+            encode::write_map_len(w, 8 + u32::from(s.unmatchable.is_some())).unwrap();
             encode::write_str(w, "type").unwrap();
             encode::write_str(w, "BlockStored").unwrap();
             hashes(w, &s.hashes);
@@ -130,6 +154,9 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
             opt_str(w, "medium", Some(s.medium.as_str()));
             opt_str(w, "lora_name", s.lora.as_deref());
             opt_str(w, "cache_salt", s.salt.as_deref());
+            if let Some((first, why)) = s.unmatchable {
+                unmatchable(w, first, why, s.lora.as_deref());
+            }
         }
         KvEvent::Removed { hashes: h, medium } => {
             encode::write_map_len(w, 3).unwrap();

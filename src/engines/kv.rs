@@ -56,6 +56,11 @@ pub struct Stored {
     pub medium: Medium,
     pub lora: Option<String>,
     pub salt: Option<String>,
+    /// The first block whose cache identity the event's tokens, LoRA name
+    /// and salt do not carry (multimodal inputs, prompt embeddings,
+    /// lookahead tokens), with why: it and every block after it, in this
+    /// event and continuing it, are held but never matched.
+    pub unmatchable: Option<(usize, &'static str)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,6 +50,7 @@ fn store_sized(c: &mut Coordinator, seq: u64, rank: u32, size: usize, blocks: us
         medium: Medium::Gpu,
         lora: None,
         salt: None,
+        unmatchable: None,
     });
     let batch = Ok(KvBatch { rank: Some(rank), events: vec![ev] });
     c.on_event(

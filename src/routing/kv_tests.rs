@@ -26,6 +26,7 @@ fn store(t: u32) -> Payload {
         medium: Medium::Gpu,
         lora: None,
         salt: None,
+        unmatchable: None,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }
@@ -176,6 +177,7 @@ fn big(t: u32, blocks: u32) -> Payload {
         medium: Medium::Gpu,
         lora: None,
         salt: None,
+        unmatchable: None,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }

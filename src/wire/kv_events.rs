@@ -157,6 +157,13 @@ struct Fields<'a> {
     lora: Option<&'a str>,
     salt: Option<&'a str>,
     first_extra: Vec<&'a str>,
+    /// The strings of later blocks' extra keys, with their block.
+    later_extra: Vec<(usize, &'a str)>,
+    /// The first block whose extra keys hold a value other than a string
+    /// (a multimodal `(identifier, offset)` pair, a prompt-embeddings digest).
+    opaque_extra: Option<usize>,
+    /// `lookahead_token_ids` named tokens beyond the blocks.
+    lookahead: bool,
     /// `token_ids` held token pairs (SGLang's EAGLE bigram pages).
     paired_tokens: bool,
     group: Option<u64>,
@@ -219,6 +226,7 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
                 strs.next()
             };
             let salt = f.salt.or_else(|| if f.parent.is_none() { from_extra() } else { None });
+            let unmatchable = unmatchable(&f, salt);
             Ok(KvEvent::Stored(Stored {
                 hashes: f.hashes.ok_or(BatchError::Missing("block_hashes"))?,
                 parent: f.parent,
@@ -227,12 +235,49 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
                 medium,
                 lora: f.lora.map(str::to_owned),
                 salt: salt.map(str::to_owned),
+                unmatchable,
             }))
         }
         "BlockRemoved" => Ok(KvEvent::Removed { hashes: f.hashes.unwrap_or_default(), medium }),
         "AllBlocksCleared" => Ok(KvEvent::Cleared),
         other => Err(BatchError::Tag(other.to_owned())),
     }
+}
+
+/// Why blocks of a `BlockStored` are not keyed by its tokens, LoRA name and
+/// salt alone (docs/prefix-cache.md, "Unmatchable blocks").
+pub const LOOKAHEAD: &str = "the engine's hash covers lookahead tokens (speculative decoding)";
+pub const OPAQUE_EXTRA: &str = "the engine's hash covers multimodal inputs or prompt embeddings";
+pub const UNKNOWN_EXTRA: &str = "the engine's hash covers an extra key other than the LoRA name and salt";
+
+/// The first block, if any, whose identity the event's tokens, LoRA name
+/// and salt do not carry, with why. vLLM lists per block the LoRA name,
+/// then multimodal pairs, then (first block of a chain only) the salt,
+/// then prompt-embedding digests; anything else is unknown and kept out too.
+fn unmatchable(f: &Fields<'_>, salt: Option<&str>) -> Option<(usize, &'static str)> {
+    if f.lookahead {
+        return Some((0, LOOKAHEAD));
+    }
+    let mut first = f.opaque_extra.map(|b| (b, OPAQUE_EXTRA));
+    let mut take = |b: usize| {
+        if !matches!(first, Some((at, _)) if at <= b) {
+            first = Some((b, UNKNOWN_EXTRA));
+        }
+    };
+    let mut strs = f.first_extra.iter().copied().peekable();
+    if f.lora.is_some() && strs.peek().copied() == f.lora {
+        strs.next();
+    }
+    if f.parent.is_none() && f.salt.is_none() && strs.peek().copied() == salt {
+        strs.next();
+    }
+    if strs.next().is_some() {
+        take(0);
+    }
+    if let Some(&(b, _)) = f.later_extra.iter().find(|&&(_, s)| Some(s) != f.lora) {
+        take(b);
+    }
+    first
 }
 
 fn str_of<'a>(name: &'static str, v: Value<'a>) -> Result<&'a str, BatchError> {
@@ -300,7 +345,8 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
         "medium" => f.medium = opt_str("medium", v)?,
         "lora_name" => f.lora = opt_str("lora_name", v)?,
         "cache_salt" => f.salt = opt_str("cache_salt", v)?,
-        "extra_keys" => read_first_extra(r, f, v)?,
+        "extra_keys" => read_extra(r, f, v)?,
+        "lookahead_token_ids" => read_lookahead(r, f, v)?,
         "group_idx" => match v {
             Value::Nil => f.group = None,
             Value::Int(g) if g >= 0 => f.group = Some(g as u64),
@@ -311,22 +357,46 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
     Ok(())
 }
 
-/// The strings of the first block's extra keys (LoRA name, cache salt);
-/// the rest is skipped.
-fn read_first_extra<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, v: Value<'a>) -> Result<(), BatchError> {
+/// The extra keys of every block: the strings (LoRA name, cache salt) of
+/// the first block and of the later ones, and the first block with
+/// anything else in them.
+fn read_extra<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, v: Value<'a>) -> Result<(), BatchError> {
     let Value::Array(blocks) = v else { return r.skip_rest(v).map_err(Into::into) };
-    for b in 0..blocks {
-        let keys = r.read()?;
-        match (b, keys) {
-            (0, Value::Array(n)) => {
+    for b in 0..blocks as usize {
+        match r.read()? {
+            Value::Array(n) => {
                 for _ in 0..n {
                     match r.read()? {
-                        Value::Str(s) => f.first_extra.push(s),
-                        other => r.skip_rest(other)?,
+                        Value::Str(s) if b == 0 => f.first_extra.push(s),
+                        Value::Str(s) => f.later_extra.push((b, s)),
+                        other => {
+                            r.skip_rest(other)?;
+                            f.opaque_extra = Some(f.opaque_extra.map_or(b, |o| o.min(b)));
+                        }
                     }
                 }
             }
-            (_, other) => r.skip_rest(other)?,
+            Value::Nil => {}
+            other => {
+                r.skip_rest(other)?;
+                f.opaque_extra = Some(f.opaque_extra.map_or(b, |o| o.min(b)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `lookahead_token_ids`: nil, or per block the tokens after it that the
+/// engine's hash covers; any token at all makes the event unmatchable.
+fn read_lookahead<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, v: Value<'a>) -> Result<(), BatchError> {
+    let Value::Array(blocks) = v else { return r.skip_rest(v).map_err(Into::into) };
+    for _ in 0..blocks {
+        match r.read()? {
+            Value::Array(0) | Value::Nil => {}
+            other => {
+                r.skip_rest(other)?;
+                f.lookahead = true;
+            }
         }
     }
     Ok(())

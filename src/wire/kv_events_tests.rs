@@ -45,6 +45,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], lora: Option<&str
         medium: Medium::Gpu,
         lora: lora.map(str::to_owned),
         salt: salt.map(str::to_owned),
+        unmatchable: None,
     })
 }
 
@@ -66,22 +67,23 @@ fn vllm_array_batch_with_map_events_salt_from_the_first_blocks_extra_keys() {
     ]);
     let got = decode_batch(&enc(&batch)).unwrap();
     assert_eq!(got.rank, Some(3));
-    assert_eq!(
-        got.events,
-        vec![
-            stored(&[11, (-12i64) as u64], None, &[1, 2, 3, 4], Some("adapter"), Some("tenant-a")),
-            KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu },
-            KvEvent::Cleared,
-        ]
-    );
+    let mut first = stored(&[11, (-12i64) as u64], None, &[1, 2, 3, 4], Some("adapter"), Some("tenant-a"));
+    let KvEvent::Stored(st) = &mut first else { unreachable!() };
+    st.unmatchable = Some((0, OPAQUE_EXTRA)); // the image's identity is in the hash, not the tokens
+    assert_eq!(got.events, vec![first, KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu }, KvEvent::Cleared,]);
 }
 
 #[test]
 fn a_continued_chain_takes_no_salt_and_sglang_names_it() {
+    // vLLM puts the salt in a chain's first block only: a string here is an
+    // identity dpcoord does not know, so the block is unmatchable.
     let extra = M::Array(vec![M::Array(vec![s("adapter"), s("not-a-salt-here")])]);
     let batch = M::Array(vec![M::F64(0.0), M::Array(vec![vllm_stored(&[5], Some(4), &[9, 9], extra)]), M::Nil]);
     let got = decode_batch(&enc(&batch)).unwrap();
-    assert_eq!((got.rank, got.events), (None, vec![stored(&[5], Some(4), &[9, 9], Some("adapter"), None)]));
+    let mut want = stored(&[5], Some(4), &[9, 9], Some("adapter"), None);
+    let KvEvent::Stored(st) = &mut want else { unreachable!() };
+    st.unmatchable = Some((0, UNKNOWN_EXTRA));
+    assert_eq!((got.rank, got.events), (None, vec![want]));
     // SGLang: signed hashes, `cache_salt`, `medium` CPU_PINNED, the rank as `attn_dp_rank` in a map batch.
     let ev = map(vec![
         ("type", s("BlockStored")),
@@ -210,4 +212,46 @@ fn token_pairs_and_other_cache_groups_are_events_the_index_skips() {
             KvEvent::Cleared,
         ]
     );
+}
+
+/// The `unmatchable` of one vLLM event with these extra keys (and lookahead tokens).
+fn unmatchable_of(parent: Option<i64>, extra: M, lookahead: Option<M>) -> Option<(usize, &'static str)> {
+    let mut ev = vllm_stored(&[1, 2, 3], parent, &[1, 2, 3, 4, 5, 6], extra);
+    if let (M::Map(fields), Some(l)) = (&mut ev, lookahead) {
+        fields.push((s("lookahead_token_ids"), l));
+    }
+    let got = decode_batch(&enc(&M::Array(vec![M::F64(0.0), M::Array(vec![ev])]))).unwrap();
+    match &got.events[..] {
+        [KvEvent::Stored(st)] => st.unmatchable,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn blocks_whose_identity_is_more_than_tokens_lora_and_salt_are_unmatchable_from_the_first() {
+    let a = |xs: Vec<M>| M::Array(xs);
+    let lora = || s("adapter");
+    let mm = |id: &str, off: i64| a(vec![s(id), M::from(off)]);
+    // LoRA name in every block, the salt in the first: all keyed.
+    assert_eq!(unmatchable_of(None, a(vec![a(vec![lora(), s("t")]), a(vec![lora()]), a(vec![lora()])]), None), None);
+    assert_eq!(unmatchable_of(None, M::Nil, None), None);
+    assert_eq!(unmatchable_of(Some(9), a(vec![a(vec![lora()]), M::Nil, a(vec![lora()])]), None), None);
+    // vLLM's lookahead hashes (EAGLE): each block's hash covers the next tokens.
+    let look = a(vec![ints(&[7]), ints(&[8]), ints(&[9])]);
+    assert_eq!(unmatchable_of(None, M::Nil, Some(look)), Some((0, LOOKAHEAD)));
+    assert_eq!(unmatchable_of(None, M::Nil, Some(M::Nil)), None, "nil: lookahead hashing is off");
+    // An image in the second block: the first is keyed, the second and third are not.
+    let image = a(vec![a(vec![lora()]), a(vec![lora(), mm("img", 0)]), a(vec![lora()])]);
+    assert_eq!(unmatchable_of(None, image, None), Some((1, OPAQUE_EXTRA)));
+    // Prompt embeddings: a digest (bytes) per block.
+    let embeds = a(vec![M::Nil, M::Nil, a(vec![M::Binary(vec![1; 32])])]);
+    assert_eq!(unmatchable_of(None, embeds, None), Some((2, OPAQUE_EXTRA)));
+    // A string that is neither the LoRA name nor a chain's first-block salt.
+    let odd = a(vec![a(vec![lora()]), a(vec![lora(), s("other")]), a(vec![lora()])]);
+    assert_eq!(unmatchable_of(None, odd, None), Some((1, UNKNOWN_EXTRA)));
+    let two_salts = a(vec![a(vec![lora(), s("t"), s("u")])]);
+    assert_eq!(unmatchable_of(None, two_salts, None), Some((0, UNKNOWN_EXTRA)));
+    // The earliest block wins whichever kind comes first in the list.
+    let both = a(vec![a(vec![lora()]), a(vec![lora(), mm("img", 3)]), a(vec![s("x")])]);
+    assert_eq!(unmatchable_of(None, both, None), Some((1, OPAQUE_EXTRA)));
 }

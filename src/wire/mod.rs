@@ -17,7 +17,10 @@ mod vllm_metrics;
 
 pub use crate::engines::Target;
 pub use bounds::max_reply_bytes;
-pub use kv_events::{decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError};
+pub use kv_events::{
+    decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError, LOOKAHEAD, OPAQUE_EXTRA,
+    UNKNOWN_EXTRA,
+};
 pub use prompt::{Prompt, TOKENS_PER_KEY};
 pub use query::{
     decode_health_query, decode_route_query, Admin, Channel, HealthOp, Probe, Query, QueryLimits, Rejected, RouteOp,

@@ -3,12 +3,15 @@
 A prompt of ``block_size``-token blocks has one key per *whole* block, each
 covering the whole prefix up to it::
 
-    seed   = xxh3_64(b"dpcoord-kv-1\\0" + lora + b"\\0" + salt, seed=0)
+    seed   = xxh3_64(b"dpcoord-kv-2\\0" + le_u64(len(lora)) + lora
+                     + le_u64(len(salt)) + salt, seed=0)
     key[0] = xxh3_64(le_u32(tokens[0:B]), seed=seed)
     key[i] = xxh3_64(le_u32(tokens[i*B:(i+1)*B]), seed=key[i-1])
 
-``le_u32`` writes each token id as 4 little-endian bytes; an absent LoRA name or
-salt is the empty string (UTF-8). A partial last block has no key. This is
+``le_u32`` writes each token id as 4 little-endian bytes, ``le_u64(len(..))`` a
+name's UTF-8 byte count as 8 (so names with NUL bytes stay apart: ``"a\\0"+""``
+and ``"a"+"\\0"`` differ); an absent LoRA name or salt is the empty string. A
+partial last block has no key. This is
 dpcoord's own function (``src/engines/prefix/keys.rs``), so a ``route`` or
 ``prefix`` query may carry these keys instead of the token ids.
 """
@@ -29,13 +32,19 @@ DEFAULT_BLOCK_SIZE = 16
 #: ``block_keys`` may hold at most ``limits.max_prompt_tokens // TOKENS_PER_KEY`` keys.
 TOKENS_PER_KEY = 16
 
-_PREFIX = b"dpcoord-kv-1\0"
+_PREFIX = b"dpcoord-kv-2\0"
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
 def chain_seed(lora: str | None = None, salt: str | None = None) -> int:
-    """The seed of a chain: ``xxh3_64(b"dpcoord-kv-1\\0" + lora + b"\\0" + salt)``."""
-    return _xxh3(_PREFIX + _utf8("lora", lora) + b"\0" + _utf8("salt", salt), seed=0)
+    """The seed of a chain: ``xxh3_64(b"dpcoord-kv-2\\0" + le_u64(len(lora)) + lora +
+    le_u64(len(salt)) + salt)``, lengths in UTF-8 bytes."""
+    lora_b, salt_b = _utf8("lora", lora), _utf8("salt", salt)
+    return _xxh3(_PREFIX + _le_u64(len(lora_b)) + lora_b + _le_u64(len(salt_b)) + salt_b, seed=0)
+
+
+def _le_u64(n: int) -> bytes:
+    return n.to_bytes(8, "little")
 
 
 def block_keys(

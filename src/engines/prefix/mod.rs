@@ -40,6 +40,10 @@ pub struct Applied {
     pub removed: u64,
     /// `AllBlocksCleared` events.
     pub cleared: u64,
+    /// `BlockStored` events with blocks held but never matched: their
+    /// identity is more than tokens, LoRA name and salt, or they continue
+    /// such a block (`Stored::unmatchable`).
+    pub unmatchable: u64,
     /// `BlockStored` events whose parent the rank's index does not hold.
     pub unknown_parent: u64,
     /// `BlockRemoved` events naming a hash not held (the held ones still go).
@@ -49,7 +53,7 @@ pub struct Applied {
     pub bad_event: u64,
     /// Events of a KV cache group other than the first.
     pub other_group: u64,
-    /// Blocks indexed and removed (by events, not the cap).
+    /// Blocks indexed (unmatchable ones too) and removed (by events, not the cap).
     pub blocks_stored: u64,
     pub blocks_removed: u64,
     /// Blocks dropped by the rank's share of the memory budget, oldest first.

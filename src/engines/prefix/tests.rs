@@ -15,6 +15,7 @@ fn stored_on(hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: Medium
         medium,
         lora: None,
         salt: None,
+        unmatchable: None,
     })
 }
 
@@ -160,4 +161,52 @@ fn the_block_size_is_learned_per_rank_and_only_from_an_applied_store() {
     assert_eq!((ix.rank_block_size(0), ix.block_sizes()), (None, &[2][..]));
     assert_eq!(ix.apply(0, &[stored(&[11], None, &[1, 2])]).stored, 1);
     assert_eq!((ix.block_size(), leading(&ix, &PROMPT)), (Some(2), vec![1, 2]));
+}
+
+fn unmatchable_from(first: usize, hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
+    let KvEvent::Stored(s) = stored(hashes, parent, tokens) else { unreachable!() };
+    KvEvent::Stored(Stored { unmatchable: Some((first, "why")), ..s })
+}
+
+#[test]
+fn unmatchable_blocks_are_held_never_matched_and_poison_what_continues_them() {
+    let mut ix = PrefixIndex::new(2, 1000);
+    // Rank 0: the first block keyed, the second (an image, say) and third not.
+    let a = ix.apply(0, &[unmatchable_from(1, &[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    assert_eq!(a, Applied { unmatchable: 1, blocks_stored: 3, ..Applied::default() });
+    assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![1, 0], 3), "held, matched up to the cut");
+    assert_eq!(ix.distinct_keys(), 1, "only the keyed block has a holder");
+    // An event continuing an unmatchable block is unmatchable, not an unknown parent.
+    let a = ix.apply(0, &[stored(&[13], Some(12), &[7, 8])]);
+    assert_eq!(a, Applied { unmatchable: 1, blocks_stored: 1, ..Applied::default() });
+    assert_eq!(leading(&ix, &[1, 2, 3, 4, 5, 6, 7, 8]), vec![1, 0]);
+    // Their removal is a removal, and a keyed re-store of a hash makes it match again.
+    let a = ix.apply(0, &[removed(&[13, 12])]);
+    assert_eq!((a.removed, a.unknown_block, a.blocks_removed), (1, 0, 2));
+    ix.apply(0, &[stored(&[11], Some(10), &[3, 4])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 0]);
+    // Re-stored as unmatchable, a keyed block stops matching.
+    ix.apply(0, &[unmatchable_from(0, &[11], Some(10), &[3, 4])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![1, 0]);
+    // Same prompt on rank 1 with every block unmatchable (lookahead hashes): no match.
+    let a = ix.apply(1, &[unmatchable_from(0, &[20, 21, 22], None, &[1, 2, 3, 4, 5, 6])]);
+    assert_eq!((a.unmatchable, ix.blocks(1, Medium::Gpu)), (1, 3));
+    assert_eq!(leading(&ix, &PROMPT), vec![1, 0]);
+    // A clear and the cap's sweep take unmatchable blocks like any other.
+    assert_eq!(ix.apply(1, &[KvEvent::Cleared]).cleared, 1);
+    assert_eq!((ix.blocks(1, Medium::Gpu), leading(&ix, &PROMPT)), (0, vec![1, 0]));
+}
+
+#[test]
+fn an_unmatchable_event_applied_a_slice_at_a_time_cuts_at_the_same_block() {
+    let tokens: Vec<u32> = (0..40).collect();
+    let hashes: Vec<u64> = (100..120).collect();
+    let ev = [unmatchable_from(7, &hashes, None, &tokens)];
+    for budget in [1, 3, 7, 8, 100] {
+        let mut ix = PrefixIndex::new(1, 1000);
+        let mut at = Progress::default();
+        while !ix.apply_some(0, &ev, &mut at, budget).1 {}
+        assert_eq!((at.applied.unmatchable, at.applied.blocks_stored), (1, 20), "budget {budget}");
+        assert_eq!(leading(&ix, &tokens), vec![7], "budget {budget}");
+    }
 }

@@ -299,6 +299,7 @@ def vllm_kv(real, monkeypatch):
         made.append(e)
         return e
 
+    make.v, make.made = v, made  # for engines built otherwise (test_kv_unmatchable.py)
     yield make
     for e in made:
         e.publisher.shutdown()
@@ -728,7 +729,7 @@ class SglangEngine:
     """One SGLang scheduler's KV side: the real RadixCache and the real scheduler publisher."""
 
     def __init__(self, s, monkeypatch, rank: int, dp: int, pub_port: int, replay_port: int, *, page_size: int,
-                 buffer_steps: int = 10_000, eagle: bool = False):
+                 buffer_steps: int = 10_000, eagle: bool = False, unified: bool = False):
         self.s, self.rank, self.block_size = s, rank, page_size
         # DP attention: one scheduler (and KV cache) per attention-DP rank; the publisher's
         # ports are offset by attn_dp_rank (plain DP: dp_rank).
@@ -743,6 +744,17 @@ class SglangEngine:
             is_eagle=eagle, enable_kv_cache_events=True,
         )) if eagle else s.radix.RadixCache.create_simulated(mock_allocator=Allocator(), page_size=page_size,
                                                              enable_kv_cache_events=True)
+        if unified:
+            # SGLang's default tree cache (mem_cache/registry.py: create_unified_radix_cache), with
+            # the FULL component only, as it builds it for a model without SWA or mamba layers.
+            components = importlib.import_module("sglang.srt.mem_cache.unified_cache.components")
+            self.cache = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache(
+                s.init_params.CacheInitParams(
+                    disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=Allocator(),
+                    page_size=page_size, enable_kv_cache_events=True,
+                    tree_components=(components.ComponentType.FULL,),
+                ))
+        self.recorder = self.cache.tree_core.kv_events if unified else self.cache.kv_events
         config = (
             f'{{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:{pub_port}", "bind": true,'
             f' "replay_endpoint": "tcp://127.0.0.1:{replay_port}", "buffer_steps": {buffer_steps}}}'
@@ -770,7 +782,7 @@ class SglangEngine:
 
     def step(self, drop: bool = False) -> list:
         """The scheduler's publish_kv_events: what the tree recorded since the last step."""
-        evs = list(self.cache.kv_events._queue)
+        evs = list(self.recorder._queue)
         if evs and drop:
             self.wire.drop.add(self.seq)
         self.scheduler.publish_kv_events()
@@ -784,7 +796,8 @@ class SglangEngine:
         return match.device_prefix_len // self.block_size
 
     def blocks(self) -> int:
-        return self.cache.total_size() // self.block_size
+        size = self.cache.total_size()  # UnifiedRadixCache: (full tokens, auxiliary tokens)
+        return (size[0] if isinstance(size, tuple) else size) // self.block_size
 
 
 def test_sglang_radix_cache_stores_splits_evictions_and_clear(sglang_kv, start_daemon):

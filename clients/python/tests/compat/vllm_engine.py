@@ -45,7 +45,8 @@ def lora_request(real_modules, lora_name: str):
 
 
 def make_request(real_modules, request_id: str, prompt_token_ids: list[int], data_parallel_rank: int | None = None,
-                 lora_name: str | None = None, cache_salt: str | None = None, resumable: bool = False):
+                 lora_name: str | None = None, cache_salt: str | None = None, resumable: bool = False,
+                 mm_features: list | None = None):
     """A real ``vllm.v1.engine.EngineCoreRequest`` for a token prompt, sampling one token.
     ``external_req_id`` is ``request_id``, as ``InputProcessor.assign_request_id`` sets it
     with VLLM_DISABLE_REQUEST_ID_RANDOMIZATION (else it appends 8 random characters to
@@ -54,7 +55,7 @@ def make_request(real_modules, request_id: str, prompt_token_ids: list[int], dat
     return engine.EngineCoreRequest(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
-        mm_features=None,
+        mm_features=mm_features,
         sampling_params=_mod("vllm.sampling_params").SamplingParams(max_tokens=1),
         pooling_params=None,
         arrival_time=time.time(),
@@ -149,10 +150,22 @@ async def add_request(real_modules, llm, request):
 # -- KV cache --------------------------------------------------------------------------
 
 
-def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 256, max_model_len: int = 8192):
+def image_feature(real_modules, identifier: str, offset: int, length: int):
+    """A real ``MultiModalFeatureSpec`` for an image whose ``length`` placeholder tokens
+    start at ``offset``, as the input processor attaches it to a request (its data
+    already sent: the engine's prefix cache reads only ``identifier`` and the range)."""
+    inputs = _mod("vllm.multimodal.inputs")
+    return inputs.MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                        mm_position=inputs.PlaceholderRange(offset=offset, length=length))
+
+
+def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 256, max_model_len: int = 8192,
+                          num_hash_lookahead_tokens: int = 0):
     """A real ``KVCacheManager`` as the scheduler builds it for a model with one
     full-attention group: prefix caching and KV events on, the engine's request block
-    hasher (sha256) in ``manager.block_hasher``."""
+    hasher (sha256) in ``manager.block_hasher``. ``num_hash_lookahead_tokens`` is
+    ``VllmConfig.num_hash_lookahead_tokens`` (EAGLE with lookahead block hashes: the
+    scheduler passes it to both, and turns its EAGLE block drop off)."""
     kvi = _mod("vllm.v1.kv_cache_interface")
     utils = _mod("vllm.v1.core.kv_cache_utils")
     hash_fn = _mod("vllm.utils.hashing").get_hash_fn_by_name(HASH_ALGO)
@@ -165,9 +178,9 @@ def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 
     )
     manager = _mod("vllm.v1.core.kv_cache_manager").KVCacheManager(
         config, max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
-        enable_caching=True, enable_kv_cache_events=True,
+        enable_caching=True, enable_kv_cache_events=True, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
     )
-    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn)
+    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn, num_hash_lookahead_tokens)
     return manager
 
 
