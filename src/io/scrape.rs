@@ -1,9 +1,9 @@
 //! The vLLM `/metrics` scraper: one thread per URL of
 //! `engines.vllm_metrics_url` (the i-th URL is rank i) GETs its URL every
-//! `engines.vllm_metrics_interval_ms`, reads the body into the three gauges
+//! `engines.vllm_metrics_interval_ms`, reads the body into the gauges and the progress
 //! dpcoord uses (`wire::read_vllm_metrics`, here, on this thread) and
 //! hands them to the transport over an in-process PUSH -> PULL pair as
-//! `[rank u32 BE, seq u64 BE, gauges]` (36 bytes in all).
+//! `[rank u32 BE, seq u64 BE, gauges]` (44 bytes in all).
 //!
 //! So the routing thread never parses a body, whatever its size. Each
 //! request has its own overall timeout, so an endpoint that hangs delays

@@ -1,5 +1,5 @@
 //! vLLM's Prometheus `/metrics` (one API server per rank, external load
-//! balancing), read into the three gauges dpcoord uses and then into a
+//! balancing), read into the gauges and counters dpcoord uses and then into a
 //! gauge-only load report.
 //!
 //! The scraper (`io::scrape`) reads each body on its own thread
@@ -12,7 +12,9 @@
 //! `PrometheusStatLogger` (vllm/v1/metrics/loggers.py) exports the gauges
 //! read here with the labels `model_name` and `engine`; where a server
 //! runs several engines, their series are summed (the KV usage is their
-//! mean). vLLM exports no token load, so the report has none.
+//! mean). vLLM exports no token load, so the report has none. The prompt
+//! and generation token counters, summed, are the rank's `progress`: they
+//! move each time the engine steps with work, and stop when it hangs.
 
 use std::fmt;
 use std::time::Duration;
@@ -25,20 +27,22 @@ use crate::engines::{Counts, LoadReport, Sequence};
 /// KV-cache families, a 128k context; 56,702 B for one engine): 1 MiB is 2.37x the 8-engine
 /// body, about 18 engines behind one server (docs/engines.md).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
-/// Samples of the three gauges together that a body may carry: one per
-/// engine each, and a server has at most `engines.dp_size` (1,024) engines.
-/// Past it the body is refused before the samples are parsed.
-pub const MAX_SAMPLES: usize = 3 * 1024;
+/// Samples of the families read here together that a body may carry: one
+/// per engine each, and a server has at most `engines.dp_size` (1,024)
+/// engines. Past it the body is refused before the samples are parsed.
+pub const MAX_SAMPLES: usize = FAMILIES.len() * 1024;
 /// The rank and the scrape counter ahead of the gauges.
 pub const HEADER_BYTES: usize = 4 + 8;
 /// The gauges frame: waiting and running (u64 BE), the KV usage (f64 BE
-/// bits, NaN for none).
-pub const GAUGES_BYTES: usize = 24;
+/// bits, NaN for none), the progress (u64 BE, `u64::MAX` for none).
+pub const GAUGES_BYTES: usize = 32;
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
 const KV_USAGE: &str = "vllm:kv_cache_usage_perc";
-const GAUGES: [&str; 3] = [WAITING, RUNNING, KV_USAGE];
+const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
+const FAMILIES: [&str; 5] = [WAITING, RUNNING, KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS];
 
 /// Why a scraped body could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -93,13 +97,13 @@ fn wanted(line: &str) -> Option<bool> {
         }
         None => (line.split(|c: char| c == '{' || c.is_ascii_whitespace()).next().unwrap_or(""), true),
     };
-    GAUGES.contains(&name).then_some(sample)
+    FAMILIES.contains(&name).then_some(sample)
 }
 
-/// Per gauge, the sum of its samples and their count.
-fn sums(body: &str) -> Result<[(f64, u32); 3], VllmMetricsError> {
-    // Only the lines of the three gauges are parsed: a body is ~55 KB per
-    // engine of which they are six lines per engine.
+/// Per family, the sum of its samples and their count.
+fn sums(body: &str) -> Result<[(f64, u32); 5], VllmMetricsError> {
+    // Only the lines of the five families are parsed: a body is ~55 KB per
+    // engine of which they are a few lines per engine.
     let mut text = String::new();
     let mut samples = 0;
     for line in body.lines() {
@@ -111,7 +115,7 @@ fn sums(body: &str) -> Result<[(f64, u32); 3], VllmMetricsError> {
         text.push_str(line);
         text.push('\n');
     }
-    let mut got = [(0.0, 0); 3];
+    let mut got = [(0.0, 0); 5];
     if text.is_empty() {
         return Ok(got);
     }
@@ -122,13 +126,13 @@ fn sums(body: &str) -> Result<[(f64, u32); 3], VllmMetricsError> {
         return Err(VllmMetricsError::Syntax);
     }
     for m in &metrics {
-        let Some(i) = GAUGES.iter().position(|g| *g == m.name) else { continue };
+        let Some(i) = FAMILIES.iter().position(|g| *g == m.name) else { continue };
         for s in &m.samples {
             let v: f64 = s.value.value.parse().map_err(|_| VllmMetricsError::Syntax)?;
             // Counts are at least 0; vLLM's KV usage is a share, `0..=1`.
-            let max = if GAUGES[i] == KV_USAGE { 1.0 } else { f64::INFINITY };
+            let max = if FAMILIES[i] == KV_USAGE { 1.0 } else { f64::INFINITY };
             if !(v.is_finite() && (0.0..=max).contains(&v)) {
-                return Err(VllmMetricsError::Value { name: GAUGES[i], value: v });
+                return Err(VllmMetricsError::Value { name: FAMILIES[i], value: v });
             }
             got[i] = (got[i].0 + v, got[i].1 + 1);
         }
@@ -153,6 +157,9 @@ pub struct VllmGauges {
     pub waiting: u64,
     pub running: u64,
     pub kv_usage: Option<f64>,
+    /// Prompt and generation tokens processed, summed over engines; `None`
+    /// when the body has neither counter.
+    pub progress: Option<u64>,
 }
 
 impl VllmGauges {
@@ -161,7 +168,8 @@ impl VllmGauges {
         let mut out = [0; GAUGES_BYTES];
         out[..8].copy_from_slice(&self.waiting.to_be_bytes());
         out[8..16].copy_from_slice(&self.running.to_be_bytes());
-        out[16..].copy_from_slice(&self.kv_usage.unwrap_or(f64::NAN).to_bits().to_be_bytes());
+        out[16..24].copy_from_slice(&self.kv_usage.unwrap_or(f64::NAN).to_bits().to_be_bytes());
+        out[24..].copy_from_slice(&self.progress.unwrap_or(u64::MAX).to_be_bytes());
         out
     }
 
@@ -175,19 +183,27 @@ impl VllmGauges {
             _ if (0.0..=1.0).contains(&kv) => Some(kv),
             _ => return Err(bad),
         };
-        Ok(VllmGauges { waiting: word(0), running: word(8), kv_usage })
+        let progress = Some(word(24)).filter(|&p| p != u64::MAX);
+        Ok(VllmGauges { waiting: word(0), running: word(8), kv_usage, progress })
     }
 }
 
 /// Reads a `/metrics` body: the scraper's work, on its own thread.
 pub fn read_vllm_metrics(body: &[u8]) -> Result<VllmGauges, VllmMetricsError> {
     let body = std::str::from_utf8(body).map_err(|_| VllmMetricsError::NotUtf8)?;
-    let [waiting, running, (kv, engines)] = sums(body)?;
+    let [waiting, running, (kv, engines), prompt, generation] = sums(body)?;
+    // Token counters are whole numbers; past 2^63 they are not vLLM's.
+    let progress = match (prompt.1, generation.1, prompt.0 + generation.0) {
+        (0, 0, _) => None,
+        (_, _, sum) if sum < (1u64 << 63) as f64 => Some(sum.round() as u64),
+        (_, _, sum) => return Err(VllmMetricsError::Value { name: GENERATION_TOKENS, value: sum }),
+    };
     Ok(VllmGauges {
         waiting: count(WAITING, waiting)?,
         running: count(RUNNING, running)?,
         // The mean of samples in 0..=1 stays in it; `min` only guards the rounding.
         kv_usage: (engines > 0).then(|| (kv / f64::from(engines)).min(1.0)),
+        progress,
     })
 }
 
@@ -210,7 +226,7 @@ fn report((rank, seq): (u32, u64), g: VllmGauges, heartbeat: Duration) -> LoadRe
         kv_usage: g.kv_usage,
         ttft_ms: None,
         tpot_ms: None,
-        progress: None,
+        progress: g.progress,
     }
 }
 

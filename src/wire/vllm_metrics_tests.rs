@@ -81,10 +81,30 @@ fn the_gauges_frame_carries_what_the_body_said() {
         let r = decode_vllm_gauges(&3u32.to_be_bytes(), &9u64.to_be_bytes(), &g.to_frame(), BEAT).unwrap();
         assert_eq!(r, decode(3, 9, body).unwrap());
     }
-    let mut frame = VllmGauges { waiting: 1, running: 2, kv_usage: Some(0.5) }.to_frame();
-    frame[16..].copy_from_slice(&1.5f64.to_bits().to_be_bytes());
-    assert_eq!(decode_vllm_gauges(&[0; 4], &[0; 8], &frame, BEAT), Err(VllmMetricsError::Gauges(24)));
+    let mut frame = VllmGauges { waiting: 1, running: 2, kv_usage: Some(0.5), progress: Some(7) }.to_frame();
+    let r = decode_vllm_gauges(&[0; 4], &[0; 8], &frame, BEAT).unwrap();
+    assert_eq!((r.kv_usage, r.progress), (Some(0.5), Some(7)));
+    frame[16..24].copy_from_slice(&1.5f64.to_bits().to_be_bytes());
+    assert_eq!(decode_vllm_gauges(&[0; 4], &[0; 8], &frame, BEAT), Err(VllmMetricsError::Gauges(32)));
     assert_eq!(decode_vllm_gauges(&[0; 4], &[0; 8], &frame[..8], BEAT), Err(VllmMetricsError::Gauges(8)));
+}
+
+/// The prompt and generation token counters, summed over engines, are the
+/// rank's progress; a body with neither has none; a negative one is refused.
+#[test]
+fn the_token_counters_are_the_progress() {
+    assert_eq!(decode(3, 9, RANK3).unwrap().progress, Some(0), "vLLM's own text: both counters at 0");
+    let body = "vllm:num_requests_waiting 0\nvllm:num_requests_running 3\n\
+                vllm:prompt_tokens_total{engine=\"0\"} 100.0\nvllm:prompt_tokens_total{engine=\"1\"} 20.0\n\
+                vllm:generation_tokens_total{engine=\"0\"} 7.0\n";
+    assert_eq!(decode(0, 1, body).unwrap().progress, Some(127));
+    let none = "vllm:num_requests_waiting 0\nvllm:num_requests_running 3\n";
+    assert_eq!(decode(0, 1, none).unwrap().progress, None);
+    let negative = format!("{none}vllm:generation_tokens_total -1\n");
+    assert_eq!(
+        decode(0, 1, &negative),
+        Err(VllmMetricsError::Value { name: "vllm:generation_tokens_total", value: -1.0 })
+    );
 }
 
 #[test]

@@ -259,6 +259,9 @@ def join(d, engine, rank: int, rng: random.Random, joined: Callable[[dict[str, f
         return joined(counters(d))
 
     eventually(f"dpcoord takes a batch from rank {rank}'s publisher", probe, interval=0.02)
+    # A publisher's first batch asks for a replay from 0; counters move until it ends,
+    # when the rank's index is exact again.
+    eventually(f"rank {rank}'s index exact", lambda: d.state()["ranks"][rank].get("kv_index") == "exact")
 
 
 def start(start_daemon, dp: int, pub: str, replay: str | None, *extra: str):

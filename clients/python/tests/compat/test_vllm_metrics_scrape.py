@@ -134,3 +134,53 @@ def test_the_largest_realistic_body_fits_the_cap_and_is_read(real, start_daemon)
         assert d.metric("dpcoord_scrapes_total", 'result="malformed"') == 0
     finally:
         server.shutdown()
+
+
+def render_steps(real, rank: int, running: int, steps: int) -> bytes:
+    """Rank `rank`'s /metrics after `steps` engine steps of 8 generated tokens each,
+    recorded by vLLM's own logger (its token counters are what dpcoord reads as progress)."""
+    registry = fresh_registry()
+    stats_mod = real["vllm.v1.metrics.stats"]
+    logger = real["vllm.v1.metrics.loggers"].PrometheusStatLogger(vllm_config(), engine_indexes=[rank])
+    logger.log_engine_initialized()
+    for _ in range(steps):
+        it = stats_mod.IterationStats()
+        it.num_generation_tokens = 8
+        logger.record(stats_mod.SchedulerStats(num_running_reqs=running, kv_cache_usage=0.25), it, engine_idx=rank)
+    return prometheus_client.generate_latest(registry)
+
+
+def test_a_rank_whose_token_counters_stop_with_work_is_stalled(real, start_daemon, tmp_path):
+    """The API server answers /metrics while its engine is wedged: the gauges still
+    say 3 running, and only the token counters (prompt + generation) tell that the
+    engine stopped stepping. dpcoord reads them as progress: stalled, then back."""
+    Metrics.bodies = {"/rank0": render_steps(real, 0, running=3, steps=4)}
+    assert b'vllm:generation_tokens_total{engine="0",model_name="m"} 32.0' in Metrics.bodies["/rank0"]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    cfg = tmp_path / "stall.toml"
+    cfg.write_text("[engines]\nstall_after_ms = 1000\n")
+    try:
+        d = start_daemon("--dp-size", "1", "--config", str(cfg), "--vllm-metrics-url", f"http://127.0.0.1:{port}/rank0")
+        eventually("rank 0 up", lambda: d.statuses() == ["up"])
+        eventually("rank 0 stalled", lambda: d.statuses() == ["stalled"], deadline=10)
+        assert d.state()["ranks"][0]["stall"] == "progress"
+        stepping = threading.Event()
+
+        def engine_steps_again():
+            steps = 5
+            while not stepping.is_set():
+                Metrics.bodies = {"/rank0": render_steps(real, 0, running=3, steps=steps)}
+                steps += 1
+                stepping.wait(0.1)
+
+        t = threading.Thread(target=engine_steps_again, daemon=True)
+        t.start()
+        try:
+            eventually("rank 0 back once its counters move", lambda: d.statuses() == ["up"])
+        finally:
+            stepping.set()
+            t.join()
+    finally:
+        server.shutdown()
