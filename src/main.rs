@@ -205,8 +205,9 @@ fn main() -> ExitCode {
         Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
         Some(Cmd::Probe(args)) => dpcoord::io::probe::main(args),
         Some(Cmd::CheckConfig { file }) => match config::read_file(file).and_then(Config::from_table) {
-            Ok(_) => {
+            Ok(cfg) => {
                 println!("{}: ok", file.display());
+                println!("{}", config::budget::describe(&cfg.settings.memory, cfg.settings.engines.dp_size));
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e, ExitCode::from(2)),

@@ -106,6 +106,26 @@ fn link_bytes(bytes: u64, least: u64, max_message: usize) -> u64 {
     bytes.max(least * (max_message as u64 + (64 << 10)))
 }
 
+/// The budget's split as `check-config` prints it: one line, in MiB, with
+/// what the indexes' shares hold per rank at `dp_size`.
+pub fn describe(b: &Budget, dp_size: u32) -> String {
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let approx = b.approx_index - b.approx_index / 4;
+    format!(
+        "memory budget {:.1} MiB: peers {:.1}, http {:.1}, sessions {:.1}, sources {:.1}; \
+         KV-event index {:.1} ({} blocks a rank at dp_size {dp_size}), approximate index {:.1} ({} keys a rank)",
+        mib(b.total),
+        mib(b.peers),
+        mib(b.http),
+        mib(b.sessions),
+        mib(b.sources),
+        mib(b.events_index),
+        events_per_rank(b.events_index, dp_size),
+        mib(b.approx_index),
+        approx_per_rank(approx, dp_size),
+    )
+}
+
 /// Blocks each of `dp_size` ranks may keep in the KV-event index.
 pub fn events_per_rank(events_index: u64, dp_size: u32) -> usize {
     per_rank(events_index, dp_size, EVENT_BLOCK_BYTES)
@@ -150,6 +170,16 @@ mod tests {
         let e = Config::from_table(small.parse().unwrap()).unwrap_err();
         assert_eq!(e.key, "limits.memory_budget_bytes");
         assert!(e.problem.contains("the sources 178257920; raise it to at least"), "{}", e.problem);
+    }
+
+    #[test]
+    fn check_config_describes_the_split_at_the_defaults() {
+        let cfg = Config::default();
+        assert_eq!(
+            describe(&cfg.settings.memory, 8),
+            "memory budget 480.0 MiB: peers 90.0, http 16.0, sessions 12.2, sources 0.0; KV-event index 271.3 \
+             (355656 blocks a rank at dp_size 8), approximate index 90.4 (46309 keys a rank)"
+        );
     }
 
     #[test]
