@@ -62,7 +62,7 @@ impl Engines {
                 f.finished += f.finish;
                 f.failed += f.fail;
                 let counts = [0, 0, f.finished + f.failed, f.finished, f.failed];
-                publisher.send(&update(f.rank, 1, f.seq, counts));
+                publisher.send(&Update::new(f.rank, 1, f.seq).counts(counts).kv_usage(0.25).value());
             };
             while !s.load(Ordering::Relaxed) {
                 let now = Instant::now();
