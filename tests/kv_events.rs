@@ -15,19 +15,18 @@ use serde_json::json;
 
 const PROMPT: [u32; 7] = [1, 2, 3, 4, 5, 6, 7];
 
+/// A daemon of `dp` ranks subscribed to the publishers at `pub_port + rank`,
+/// with their replay sockets at `replay_port + rank`.
+fn subscribed(dp: &str, pub_port: u16, replay_port: u16) -> Daemon {
+    let (connect, replay) = (format!("tcp://127.0.0.1:{pub_port}+rank"), format!("tcp://127.0.0.1:{replay_port}+rank"));
+    Daemon::frozen(dp, &["--kv-events-connect", &connect, "--kv-events-replay", &replay])
+}
+
 #[test]
 fn stores_removals_and_clears_reach_each_ranks_index() {
     let ctx = zmq::Context::new();
     let (mut e, p, r) = engines(&ctx, 2);
-    let d = Daemon::frozen(
-        "2",
-        &[
-            "--kv-events-connect",
-            &format!("tcp://127.0.0.1:{p}+rank"),
-            "--kv-events-replay",
-            &format!("tcp://127.0.0.1:{r}+rank"),
-        ],
-    );
+    let d = subscribed("2", p, r);
     assert_eq!(prefix(&d, &PROMPT), json!({"blocks": 0, "matched": [0, 0]}), "no block size known yet");
     join(&d, &mut e);
     e[0].publish(vec![stored(&[10, 11], None, &[1, 2, 3, 4]), stored(&[12], Some(11), &[5, 6])]);
@@ -57,15 +56,7 @@ fn stores_removals_and_clears_reach_each_ranks_index() {
 fn a_lost_batch_is_replayed_and_one_replay_cannot_cover_clears_the_rank() {
     let ctx = zmq::Context::new();
     let (mut e, p, r) = engines(&ctx, 1);
-    let d = Daemon::frozen(
-        "1",
-        &[
-            "--kv-events-connect",
-            &format!("tcp://127.0.0.1:{p}+rank"),
-            "--kv-events-replay",
-            &format!("tcp://127.0.0.1:{r}+rank"),
-        ],
-    );
+    let d = subscribed("1", p, r);
     join(&d, &mut e);
     e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
     await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
@@ -139,15 +130,7 @@ fn bad_batches_are_counted_and_a_rank_that_goes_down_loses_its_index() {
 fn a_restarted_publisher_whose_seq_passed_the_old_one_leaves_no_old_block() {
     let ctx = zmq::Context::new();
     let (mut e, p, r) = engines(&ctx, 1);
-    let d = Daemon::frozen(
-        "1",
-        &[
-            "--kv-events-connect",
-            &format!("tcp://127.0.0.1:{p}+rank"),
-            "--kv-events-replay",
-            &format!("tcp://127.0.0.1:{r}+rank"),
-        ],
-    );
+    let d = subscribed("1", p, r);
     join(&d, &mut e);
     e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
     await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
@@ -186,15 +169,7 @@ fn blocks_keyed_by_more_than_tokens_are_held_and_never_matched() {
     use rmpv::Value as M;
     let ctx = zmq::Context::new();
     let (mut e, p, r) = engines(&ctx, 2);
-    let d = Daemon::frozen(
-        "2",
-        &[
-            "--kv-events-connect",
-            &format!("tcp://127.0.0.1:{p}+rank"),
-            "--kv-events-replay",
-            &format!("tcp://127.0.0.1:{r}+rank"),
-        ],
-    );
+    let d = subscribed("2", p, r);
     join(&d, &mut e);
     let ints = |xs: &[i64]| M::Array(xs.iter().map(|&x| M::from(x)).collect());
     // Rank 0: lookahead hashes (every block), then a block continuing them.
