@@ -62,7 +62,7 @@ impl World<'_> {
     pub(super) fn dispatch(&mut self, id: u64) -> Result<(), NetError> {
         let r = &mut self.rec.requests[id as usize];
         r.attempts += 1;
-        let (f, prompt, content) = (r.frontend, r.prompt, r.content.clone());
+        let (f, prompt, content, attempt) = (r.frontend, r.prompt, r.content.clone(), r.attempts);
         if self.spec.handoff.is_delayed() {
             self.check_pending()?;
         }
@@ -82,11 +82,15 @@ impl World<'_> {
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
         self.watch_death()?;
+        self.watch_hang()?;
         match self.link.route(f as usize, prompt, tokens, pin)? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
-                if let Some(d) = &mut self.rec.death {
+                for d in [&mut self.rec.death, &mut self.rec.hang].into_iter().flatten() {
                     d.placed(rank);
+                }
+                if let Some(t) = self.spec.timeout {
+                    self.at(self.now + t, Event::Timeout(id, rank, attempt));
                 }
                 let (lo, hi) = self.spec.handoff.transit;
                 if hi == 0 {
@@ -118,6 +122,20 @@ impl World<'_> {
             self.at(self.now + RETRY_AFTER, Event::Retry(id));
             Ok(())
         }
+    }
+
+    /// Request `id`'s frontend gives up on its placement on `rank` (attempt
+    /// `attempt`) if no first token came: the engine drops it (a hung one
+    /// cannot) and the frontend places it again at once.
+    pub(super) fn timeout(&mut self, id: u64, rank: u32, attempt: u32) -> Result<(), NetError> {
+        let r = &self.rec.requests[id as usize];
+        if r.attempts != attempt || r.first_token.is_some() {
+            return Ok(());
+        }
+        self.rec.timeouts += 1;
+        self.cluster.engines[rank as usize].abort(id);
+        self.link.publish(rank, &self.cluster.engines[rank as usize])?;
+        self.dispatch(id)
     }
 
     /// Compares dpcoord's `pending` per rank with the truth: the rank's
