@@ -43,7 +43,7 @@ pub fn hung_rank(a: &SimArgs) -> Result<Outcome, SimError> {
         (DaemonMode::Threaded, _) => format!("{stall} ms of wall time, maybe never in an unpaced run"),
     };
     let title = format!(
-        "rank {rank} hangs at {:.1} s and keeps publishing; dpcoord sees it stalled after {seen} \
+        "rank {rank} hangs at {:.1} s (or its first step after) and keeps publishing; dpcoord sees it stalled after {seen} \
          (arm detect) or never (arm off: engines.stall_after_ms = 0)",
         at as f64 / 1e6
     );
@@ -56,7 +56,7 @@ pub fn hung_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     } else {
         let _ = writeln!(text, "LOST {lost} requests over all arms");
     }
-    let broken = hangs(a, &results, &mut text);
+    let broken = hangs(a, at, &results, &mut text);
     for pair in results.chunks(2) {
         if let [on, off] = pair {
             text.push_str(&versus(on, off));
@@ -88,20 +88,21 @@ fn versus(on: &ArmResult, off: &ArmResult) -> String {
 /// gave that rank between the hang and then, and after. A placement after
 /// it showed stalled breaks the run, as does a stepped run with detection
 /// on in which it never did, or one with detection off in which it did.
-fn hangs(a: &SimArgs, results: &[ArmResult], text: &mut String) -> Option<String> {
+fn hangs(a: &SimArgs, planned: Micros, results: &[ArmResult], text: &mut String) -> Option<String> {
     let hung: Vec<_> = results.iter().filter_map(|r| r.hang.map(|h| (r, h))).collect();
     let (_, first) = hung.first()?;
     let (stall, tick) = (keys::STALL_AFTER_MS.default, keys::TICK_MS.default);
     let _ = writeln!(
         text,
-        "\nrank {} hung at {:.2} s; a rank with work whose progress stands still for engines.stall_after_ms \
+        "\nrank {} hangs in its first step from {:.2} s on; a rank with work whose progress stands still for engines.stall_after_ms \
          ({stall} ms) is stalled at the next tick (routing.tick_ms {tick} ms); a frontend places a request \
-         again {} s after its placement without a first token\n{:<14}  {:<6}  {:>15}  {:>10}  {:>26}  {:>20}  {:>8}",
+         again {} s after its placement without a first token\n{:<14}  {:<6}  {:>9}  {:>16}  {:>10}  {:>24}  {:>16}  {:>8}",
         first.rank,
-        first.at as f64 / 1e6,
+        planned as f64 / 1e6,
         TIMEOUT / 1_000_000,
         "policy",
         "arm",
+        "hung at",
         "shown stalled at",
         "after hang",
         "placements hang->stalled",
@@ -117,8 +118,12 @@ fn hangs(a: &SimArgs, results: &[ArmResult], text: &mut String) -> Option<String
         let before = h.after_death - h.after_down;
         let _ = writeln!(
             text,
-            "{:<14}  {:<6}  {at:>15}  {after:>10}  {before:>26}  {:>20}  {:>8}",
-            r.policy, r.name, h.after_down, r.timeouts
+            "{:<14}  {:<6}  {:>9}  {at:>16}  {after:>10}  {before:>24}  {:>16}  {:>8}",
+            r.policy,
+            r.name,
+            format!("{:.2} s", h.at as f64 / 1e6),
+            h.after_down,
+            r.timeouts
         );
         if h.after_down > 0 {
             broken.push(format!(

@@ -383,6 +383,7 @@ mod tests {
         rec.saw(5, s(["up", "up", "stale"]));
         rec.saw(9, s(["up", "up", "down"]));
         rec.saw(12, s(["down", "up", "up"]));
+        rec.saw(14, s(["down", "stalled", "up"]));
         let got: Vec<(Micros, u32, Happened)> = rec.marks.iter().map(|m| (m.at, m.rank, m.what.clone())).collect();
         assert_eq!(
             got,
@@ -391,6 +392,7 @@ mod tests {
                 (9, 2, Happened::SeenDown("down".into())),
                 (12, 0, Happened::SeenDown("down".into())),
                 (12, 2, Happened::Readmitted),
+                (14, 1, Happened::SeenDown("stalled".into())),
             ]
         );
     }
