@@ -174,8 +174,8 @@ pub struct SimArgs {
     #[arg(long, value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub probe_every_ms: u64,
     /// Lockstep steps across ranks (DP attention / MoE); `false` lets ranks step on their own.
-    /// Default true, except in slow-rank (in lockstep every rank waits for the slow one whatever
-    /// the policy does).
+    /// Default true, except in slow-rank and hung-rank (in lockstep every rank waits for the slow
+    /// one whatever the policy does; a hung one would hold every rank up).
     #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
     pub lockstep: Option<bool>,
     /// Where dpcoord runs: `stepped`, its coordinator on the simulator's thread and virtual clock
