@@ -350,7 +350,7 @@ fn hung_rank_is_seen_stalled_after_stall_after_ms_and_takes_no_placement_after()
     for line in [
         "rank 3 hangs in its first step from 7.50 s on; a rank with work whose progress stands still for \
          engines.stall_after_ms (10000 ms) is stalled at the next tick (routing.tick_ms 100 ms); a frontend \
-         places a request again 30 s after its placement without a first token",
+         places a request again after 30 s without a token from it",
         "zero requests lost in every arm",
         "round_robin: detect vs off: input tok/s 48,175 vs 30,068 (+60.2 %), ttft p99 34960.0 vs 64960.0 ms, \
          timeouts 4 vs 5",
@@ -376,4 +376,22 @@ fn hung_rank_is_seen_stalled_after_stall_after_ms_and_takes_no_placement_after()
     assert!(r.stdout == again.stdout, "stdout differs:\n{}\n---\n{}", r.stdout, again.stdout);
     assert!(std::fs::read_to_string(out.path().join("hung-rank.txt")).unwrap() == text, "hung-rank.txt differs");
     assert!(std::fs::read_to_string(out.path().join("hung-rank.svg")).unwrap() == svg, "hung-rank.svg differs");
+}
+
+/// Short prompts and long answers: rank 3 hangs at 0.20 s while its
+/// requests decode, so their first tokens came; the frontends give up on
+/// them once 30 s pass with no token (their rank's progress still), and
+/// nothing is lost even with detection off, where round_robin places some
+/// on the hung rank again and again.
+#[test]
+fn hung_rank_places_decoding_requests_again_and_loses_none() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["hung-rank", "--prompts", "40", "--input-tokens", "1000", "--output-tokens", "500"];
+    let r = sim(out.path(), &[&args[..], &["--policy", "round_robin"]].concat());
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    assert_eq!(row(&r.stdout, "detect", "round_robin")[2..5], ["40", "0", "3"], "completed, lost, retries");
+    assert_eq!(row(&r.stdout, "off", "round_robin")[2..5], ["40", "0", "6"], "completed, lost, retries");
+    assert_eq!(row(&r.stdout, "round_robin", "detect")[2..], cells("0.20 s 10.30 s 10.10 s 1 0 3"));
+    assert_eq!(row(&r.stdout, "round_robin", "off")[2..], cells("0.20 s never - 4 0 6"));
+    assert!(r.stdout.lines().any(|l| l == "zero requests lost in every arm"), "{}", r.stdout);
 }

@@ -4,8 +4,8 @@
 //! dpcoord can tell only by its `progress` (the engine's steps) standing
 //! still while it reports work, for `engines.stall_after_ms`. Each policy
 //! runs twice, detection on (the key's default) and off (0). Frontends give
-//! up on a request without its first token [`TIMEOUT`] after its placement
-//! and place it again; the hung rank keeps what it holds.
+//! up on a request after [`TIMEOUT`] without a token from it and place it
+//! again; the hung rank keeps what it holds.
 
 use std::fmt::Write;
 
@@ -17,7 +17,8 @@ use super::world::{ArmSpec, BEAT};
 use super::{report, svg, DaemonMode, SimArgs, SimError};
 use crate::config::keys;
 
-/// A frontend's wait for a request's first token before it places it again.
+/// A frontend's wait for a request's next token (the first, from its
+/// placement) before it places it again.
 pub const TIMEOUT: Micros = 30_000_000;
 
 /// The arms of each policy: `engines.stall_after_ms` on (its default) and off.
@@ -26,7 +27,9 @@ const ARMS: [(&str, u64); 2] = [("detect", keys::STALL_AFTER_MS.default), ("off"
 pub fn hung_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let rank = 3 % a.ranks;
     let at = nominal_us(a) * 3 / 10;
-    let spec = ArmSpec { hang: Some((rank, at)), timeout: Some(TIMEOUT), ..base(a, "", false) };
+    let mut spec = ArmSpec { hang: Some((rank, at)), timeout: Some(TIMEOUT), ..base(a, "", false) };
+    // Room for requests placed on the hung rank again and again (detection off).
+    spec.horizon = spec.horizon.saturating_add(20 * TIMEOUT);
     let mut results = Vec::new();
     for policy in &policies(a) {
         for (name, stall_after_ms) in ARMS {
@@ -96,7 +99,7 @@ fn hangs(a: &SimArgs, planned: Micros, results: &[ArmResult], text: &mut String)
         text,
         "\nrank {} hangs in its first step from {:.2} s on; a rank with work whose progress stands still for engines.stall_after_ms \
          ({stall} ms) is stalled at the next tick (routing.tick_ms {tick} ms); a frontend places a request \
-         again {} s after its placement without a first token\n{:<14}  {:<6}  {:>9}  {:>16}  {:>10}  {:>24}  {:>16}  {:>8}",
+         again after {} s without a token from it\n{:<14}  {:<6}  {:>9}  {:>16}  {:>10}  {:>24}  {:>16}  {:>8}",
         first.rank,
         planned as f64 / 1e6,
         TIMEOUT / 1_000_000,

@@ -104,7 +104,7 @@ pub enum Scenario {
     /// Prompt lengths spread around --input-tokens, every policy.
     HeteroPrompts,
     /// Rank 3 hangs mid-run and keeps publishing, every policy with dpcoord's progress
-    /// check on and off; frontends place a request again after 30 s without its first token.
+    /// check on and off; frontends place a request again after 30 s without a token from it.
     HungRank,
     /// dpcoord's table resized 8 -> 12 -> 6 ranks under load, every policy; nothing lost.
     Elastic,

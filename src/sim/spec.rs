@@ -74,8 +74,9 @@ pub struct ArmSpec {
     pub prompts: Option<u64>,
     pub lengths: Lengths,
     pub probe: Option<Probe>,
-    /// A frontend gives up on a request without its first token this long
-    /// after its placement, and places it again (none: it waits forever).
+    /// A frontend gives up on a request after this long without a token
+    /// from it (the first, from its placement), and places it again (none:
+    /// it waits forever).
     pub timeout: Option<Micros>,
     pub seed: u64,
     /// Virtual seconds per wall second; 0 runs unpaced.

@@ -48,9 +48,9 @@ enum Event {
     Kill(u32),
     /// Rank `.0` hangs.
     Hang(u32),
-    /// Request `.0`'s frontend gives up on its placement on rank `.1`
-    /// (its attempt `.2`) unless the first token came.
-    Timeout(u64, u32, u32),
+    /// Request `.0`'s frontend checks its placement on rank `.1` (its
+    /// attempt `.2`; the rank's progress `.3` when the check was set).
+    Timeout(u64, u32, u32, u64),
     Resize(u32),
     Sample,
     /// Request `.0` reaches rank `.1`.
@@ -246,7 +246,7 @@ impl World<'_> {
                 self.cluster.engines[rank as usize].hang();
                 Ok(())
             }
-            Event::Timeout(id, rank, attempt) => self.timeout(id, rank, attempt),
+            Event::Timeout(id, rank, attempt, progress) => self.timeout(id, rank, attempt, progress),
             Event::Resize(n) => self.resize(n),
             Event::Sample => {
                 self.sample()?;

@@ -90,7 +90,8 @@ impl World<'_> {
                     d.placed(rank);
                 }
                 if let Some(t) = self.spec.timeout {
-                    self.at(self.now + t, Event::Timeout(id, rank, attempt));
+                    let progress = self.cluster.engines[rank as usize].progress();
+                    self.at(self.now + t, Event::Timeout(id, rank, attempt, progress));
                 }
                 let (lo, hi) = self.spec.handoff.transit;
                 if hi == 0 {
@@ -124,12 +125,20 @@ impl World<'_> {
         }
     }
 
-    /// Request `id`'s frontend gives up on its placement on `rank` (attempt
-    /// `attempt`) if no first token came: the engine drops it (a hung one
-    /// cannot) and the frontend places it again at once.
-    pub(super) fn timeout(&mut self, id: u64, rank: u32, attempt: u32) -> Result<(), NetError> {
+    /// Request `id`'s frontend checks its placement on `rank` (attempt
+    /// `attempt`) a timeout after it, or after the last check: it gives up
+    /// without a first token, or without a token since the last check (a
+    /// decoding job gets one at each step of its engine, so then the
+    /// rank's `progress`, `then`, has not moved). The engine drops it (a
+    /// hung one cannot) and the frontend places it again at once.
+    pub(super) fn timeout(&mut self, id: u64, rank: u32, attempt: u32, then: u64) -> Result<(), NetError> {
         let r = &self.rec.requests[id as usize];
-        if r.attempts != attempt || r.first_token.is_some() {
+        if r.attempts != attempt || r.done.is_some() {
+            return Ok(());
+        }
+        let progress = self.cluster.engines[rank as usize].progress();
+        if let (Some(t), true) = (self.spec.timeout, r.first_token.is_some() && progress != then) {
+            self.at(self.now + t, Event::Timeout(id, rank, attempt, progress));
             return Ok(());
         }
         self.rec.timeouts += 1;
