@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::wait_or_kill;
 use dpcoord::config::PolicyKind;
 
-/// Longest any one run may take (`sim all` with its defaults takes about 10 s unoptimized).
+/// Longest any one run may take (`sim all` with its defaults takes about 16 s unoptimized).
 const DEADLINE: Duration = Duration::from_secs(90);
 
 struct Run {
