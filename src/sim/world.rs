@@ -1,9 +1,10 @@
 //! The discrete-event loop of one simulated run.
 //!
-//! Events (step ends, arrivals, retries, probes, a rank's death, the
-//! operator's resizes of dpcoord's table, samples, requests reaching their
-//! engine after a hop, SGLang load publishers' calls) are taken in virtual-time order from one queue on one thread, so the
-//! order of every query sent to dpcoord follows from the model alone. With
+//! Events (step ends, arrivals, retries, probes, a rank's death or hang,
+//! frontends' request timeouts, the operator's resizes of dpcoord's table,
+//! samples, requests reaching their engine after a hop, SGLang load
+//! publishers' calls) are taken in virtual-time order from one queue on one
+//! thread, so the order of every query sent to dpcoord follows from the model alone. With
 //! a stepped coordinator (`stepped`), dpcoord's clock is the run's virtual
 //! time too, so every run repeats exactly. Pacing maps virtual time to wall
 //! time (`speed` virtual seconds per real second, 0 = as fast as possible),

@@ -2,8 +2,9 @@
 //! arrival, or when a closed-loop frontend's last one finished), placed (by
 //! the oracle, by the frontend itself from a stale snapshot, or by dpcoord's
 //! route socket), carried over the hop, then admitted by the engine or
-//! retried; under a delayed handoff, dpcoord's `pending` is checked against
-//! the truth before each placement.
+//! retried (also when its frontend gives up on it after a timeout); under
+//! a delayed handoff, dpcoord's `pending` is checked against the truth
+//! before each placement.
 //!
 //! Apart from `world`, which runs the event queue and the engines' side
 //! (steps, deaths, resizes, probes, samples), because this is the frontends'
