@@ -65,7 +65,7 @@ fn an_unknown_scenario_lists_the_valid_ones() {
     let r = run_in(dir.path(), &["sim", "nosuch"]);
     let want = format!(
         "dpcoord: error: invalid value 'nosuch' for '<SCENARIO>'\n  [possible values: health-matrix, slow-rank, \
-         dead-rank, hetero-prompts, elastic, pending, prefix, vllm-dp, all]\n\n{MORE}"
+         dead-rank, hetero-prompts, hung-rank, elastic, pending, prefix, vllm-dp, all]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     assert!(!dir.path().join("sim-out").exists(), "nothing written");

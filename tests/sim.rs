@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::wait_or_kill;
 use dpcoord::config::PolicyKind;
 
-/// Longest any one run may take (`sim all` with its defaults takes about 10 s unoptimized).
+/// Longest any one run may take (`sim all` with its defaults takes about 16 s unoptimized).
 const DEADLINE: Duration = Duration::from_secs(90);
 
 struct Run {
@@ -250,7 +250,7 @@ fn sim_all_repeats_byte_for_byte() {
     let first = sim(out.path(), &["all"]);
     assert_eq!(first.code, Some(0), "stderr: {}", first.stderr);
     let written = files(out.path());
-    assert_eq!(written.len(), 6 * 2, "a report and a chart per scenario: {written:?}");
+    assert_eq!(written.len(), 7 * 2, "a report and a chart per scenario: {written:?}");
     let second = sim(out.path(), &["all"]);
     assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
     assert!(first.stdout == second.stdout, "stdout differs:\n{}\n---\n{}", first.stdout, second.stdout);
@@ -330,4 +330,68 @@ fn dead_rank_is_seen_down_after_down_after_ms_and_takes_no_placement_after() {
         let cells = row(&r.stdout, "dead-rank", p.as_str());
         assert_eq!(cells[2..4], ["160", "0"], "{}: 160 completed, 0 lost", p.as_str());
     }
+}
+
+/// Rank 3 hangs in its step at 7.50 s (30 % of a 40-prompt run) and keeps
+/// publishing the same counts; its progress last moved at its last step end
+/// before that, so with detection on dpcoord's first 100 ms tick 10000 ms
+/// after it, at 17.50 s, shows it stalled, and no policy places a request on it from then on. With it off
+/// round_robin keeps sending it requests, each placed again after the
+/// frontends' 30 s timeout. Nothing is lost, and a second run writes the
+/// same bytes.
+#[test]
+fn hung_rank_is_seen_stalled_after_stall_after_ms_and_takes_no_placement_after() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["hung-rank", "--prompts", "40"];
+    let r = sim(out.path(), &args);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let text = std::fs::read_to_string(out.path().join("hung-rank.txt")).unwrap();
+    assert!(r.stdout.starts_with(&text), "the written report is what was printed");
+    for line in [
+        "rank 3 hangs in its first step from 7.50 s on; a rank with work whose progress stands still for \
+         engines.stall_after_ms (10000 ms) is stalled at the next tick (routing.tick_ms 100 ms); a frontend \
+         places a request again after 30 s without a token from it",
+        "zero requests lost in every arm",
+        "round_robin: detect vs off: input tok/s 48,175 vs 30,068 (+60.2 %), ttft p99 34960.0 vs 64960.0 ms, \
+         timeouts 4 vs 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+    }
+    // policy, arm, hung at, shown stalled at, after hang, placements hang->stalled, after it stalled, timeouts.
+    assert_eq!(row(&text, "round_robin", "detect")[2..], cells("7.50 s 17.50 s 10.00 s 2 0 4"));
+    assert_eq!(row(&text, "round_robin", "off")[2..], cells("7.50 s never - 3 0 5"));
+    for p in PolicyKind::ALL {
+        let detect = row(&text, p.as_str(), "detect");
+        assert_eq!(detect[4..6], ["17.50", "s"], "{}: shown stalled at", p.as_str());
+        assert_eq!(detect[9], "0", "{}: no placement after it showed stalled", p.as_str());
+        assert_eq!(row(&text, p.as_str(), "off")[4], "never", "{}: never stalled with detection off", p.as_str());
+        for arm in ["detect", "off"] {
+            assert_eq!(row(&text, arm, p.as_str())[2..4], ["40", "0"], "{arm} {}: 40 completed, 0 lost", p.as_str());
+        }
+    }
+    let svg = std::fs::read_to_string(out.path().join("hung-rank.svg")).unwrap();
+    assert_eq!(svg.matches(">user placements per rank, so far<").count(), 2 * PolicyKind::ALL.len(), "a panel per arm");
+    let again = sim(out.path(), &args);
+    assert_eq!(again.code, Some(0), "stderr: {}", again.stderr);
+    assert!(r.stdout == again.stdout, "stdout differs:\n{}\n---\n{}", r.stdout, again.stdout);
+    assert!(std::fs::read_to_string(out.path().join("hung-rank.txt")).unwrap() == text, "hung-rank.txt differs");
+    assert!(std::fs::read_to_string(out.path().join("hung-rank.svg")).unwrap() == svg, "hung-rank.svg differs");
+}
+
+/// Short prompts and long answers: rank 3 hangs at 0.20 s while its
+/// requests decode, so their first tokens came; the frontends give up on
+/// them once 30 s pass with no token (their rank's progress still), and
+/// nothing is lost even with detection off, where round_robin places some
+/// on the hung rank again and again.
+#[test]
+fn hung_rank_places_decoding_requests_again_and_loses_none() {
+    let out = tempfile::tempdir().unwrap();
+    let args = ["hung-rank", "--prompts", "40", "--input-tokens", "1000", "--output-tokens", "500"];
+    let r = sim(out.path(), &[&args[..], &["--policy", "round_robin"]].concat());
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    assert_eq!(row(&r.stdout, "detect", "round_robin")[2..5], ["40", "0", "3"], "completed, lost, retries");
+    assert_eq!(row(&r.stdout, "off", "round_robin")[2..5], ["40", "0", "6"], "completed, lost, retries");
+    assert_eq!(row(&r.stdout, "round_robin", "detect")[2..], cells("0.20 s 10.30 s 10.10 s 1 0 3"));
+    assert_eq!(row(&r.stdout, "round_robin", "off")[2..], cells("0.20 s never - 4 0 6"));
+    assert!(r.stdout.lines().any(|l| l == "zero requests lost in every arm"), "{}", r.stdout);
 }

@@ -53,6 +53,8 @@ pub struct DaemonSettings {
     pub policy: String,
     pub stale_after_ms: u64,
     pub down_after_ms: u64,
+    /// `engines.stall_after_ms`: work and no progress this long is `stalled` (0: never).
+    pub stall_after_ms: u64,
     pub tick_ms: u64,
     pub pending_ttl_ms: u64,
     pub pending_transit_ms: u64,
@@ -76,6 +78,7 @@ impl DaemonSettings {
             policy: policy.to_owned(),
             stale_after_ms: keys::STALE_AFTER_MS.default,
             down_after_ms: keys::DOWN_AFTER_MS.default,
+            stall_after_ms: keys::STALL_AFTER_MS.default,
             tick_ms: keys::TICK_MS.default,
             pending_ttl_ms: keys::PENDING_TTL_MS.default,
             pending_transit_ms: keys::PENDING_TRANSIT_MS.default,
@@ -98,6 +101,7 @@ impl DaemonSettings {
         keys::DP_SIZE.key.set(&mut t, i(self.ranks.into()));
         keys::STALE_AFTER_MS.key.set(&mut t, i(self.stale_after_ms));
         keys::DOWN_AFTER_MS.key.set(&mut t, i(self.down_after_ms));
+        keys::STALL_AFTER_MS.key.set(&mut t, i(self.stall_after_ms));
         keys::POLICY.key.set(&mut t, s(&self.policy));
         keys::TICK_MS.key.set(&mut t, i(self.tick_ms));
         keys::PENDING_TTL_MS.key.set(&mut t, i(self.pending_ttl_ms));

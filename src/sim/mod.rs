@@ -18,6 +18,8 @@
 //! - `local`: an in-process daemon on private endpoints
 //! - `stepped`: dpcoord's coordinator stepped on the run's virtual clock
 //! - `scenario`: health-matrix, slow-rank, dead-rank, hetero-prompts
+//! - `hung`: a rank that stops stepping and keeps publishing (hung-rank),
+//!   with dpcoord's progress check on and off
 //! - `elastic`: scale-up and scale-down under load (8 -> 12 -> 6 ranks)
 //! - `pending`: dpcoord's pending placements against the truth, with
 //!   `received` counters, reconciled by time, or overwritten by snapshots
@@ -37,6 +39,7 @@ pub mod demo;
 pub mod demo_summary;
 pub mod demo_view;
 pub mod elastic;
+pub mod hung;
 pub mod kv_pub;
 pub mod link;
 pub mod local;
@@ -100,6 +103,9 @@ pub enum Scenario {
     DeadRank,
     /// Prompt lengths spread around --input-tokens, every policy.
     HeteroPrompts,
+    /// Rank 3 hangs mid-run and keeps publishing, every policy with dpcoord's progress
+    /// check on and off; frontends place a request again after 30 s without a token from it.
+    HungRank,
     /// dpcoord's table resized 8 -> 12 -> 6 ranks under load, every policy; nothing lost.
     Elastic,
     /// Pending placements with a hop to the engine: exact counters, SGLang load
@@ -168,8 +174,8 @@ pub struct SimArgs {
     #[arg(long, value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub probe_every_ms: u64,
     /// Lockstep steps across ranks (DP attention / MoE); `false` lets ranks step on their own.
-    /// Default true, except in slow-rank (in lockstep every rank waits for the slow one whatever
-    /// the policy does).
+    /// Default true, except in slow-rank and hung-rank (in lockstep every rank waits for the slow
+    /// one whatever the policy does; a hung one would hold every rank up).
     #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
     pub lockstep: Option<bool>,
     /// Where dpcoord runs: `stepped`, its coordinator on the simulator's thread and virtual clock

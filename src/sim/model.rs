@@ -94,6 +94,10 @@ pub struct SimEngine {
     /// Prompt tokens prefilled so far, over every job.
     prefilled: u64,
     alive: bool,
+    /// Hung: it takes no step, queues nothing more, and its counts stand still.
+    hung: bool,
+    /// Steps it has taken with work in them (`StatsUpdate.progress`).
+    steps: u64,
     /// Mean time to first token in ms, smoothed over recent jobs.
     ttft_ms: Option<f64>,
     cache: Option<PrefixCache>,
@@ -116,6 +120,8 @@ impl SimEngine {
             failed: 0,
             prefilled: 0,
             alive: true,
+            hung: false,
+            steps: 0,
             ttft_ms: None,
             cache: None,
             hits: [0; 2],
@@ -161,9 +167,16 @@ impl SimEngine {
         self.alive
     }
 
+    /// Whether a request sent to it now would be answered (alive, not hung).
+    pub fn answers(&self) -> bool {
+        self.alive && !self.hung
+    }
+
     /// Queues a job; `false` (and nothing queued) when the engine is dead.
+    /// A hung engine takes the job and never queues it: its scheduler does
+    /// not run, so its counts do not move.
     pub fn admit(&mut self, job: Job) -> bool {
-        if self.alive {
+        if self.alive && !self.hung {
             self.received += 1;
             self.waiting.push_back(job);
         }
@@ -171,13 +184,13 @@ impl SimEngine {
     }
 
     pub fn has_work(&self) -> bool {
-        self.alive && !(self.waiting.is_empty() && self.running.is_empty())
+        self.alive && !self.hung && !(self.waiting.is_empty() && self.running.is_empty())
     }
 
     /// Schedules the next step and returns the tokens in it: one decode
     /// token per job past prefill, then prefill chunks within the budget.
     pub fn plan(&mut self) -> u32 {
-        if !self.alive {
+        if !self.alive || self.hung {
             return 0;
         }
         let mut budget = self.chunk;
@@ -214,6 +227,11 @@ impl SimEngine {
 
     /// Applies the planned step, which ended at `now`; reports each job it moved.
     pub fn finish(&mut self, now: Micros, out: &mut Vec<Advance>) {
+        if self.hung {
+            // The step in flight never ends.
+            return;
+        }
+        self.steps += u64::from(self.running.iter().any(|j| j.scheduled > 0));
         for job in &mut self.running {
             if job.scheduled == 0 {
                 continue;
@@ -265,6 +283,32 @@ impl SimEngine {
         lost.extend(self.waiting.drain(..));
         self.failed += lost.len() as u64;
         lost
+    }
+
+    /// The engine hangs: it never steps again, and what it holds stays.
+    pub fn hang(&mut self) {
+        self.hung = true;
+    }
+
+    /// The frontend gave up on job `id`: a live engine drops it (and lets
+    /// go of its cached blocks); a hung one cannot, and keeps it.
+    pub fn abort(&mut self, id: u64) {
+        if self.hung {
+            return;
+        }
+        let ran = self.running.iter().position(|j| j.id == id).map(|i| self.running.remove(i));
+        let waited = self.waiting.iter().position(|j| j.id == id).and_then(|i| self.waiting.remove(i));
+        for job in ran.into_iter().chain(waited) {
+            if let (Some(c), Some(p)) = (self.cache.as_mut(), job.content.as_ref()) {
+                c.release(&p.hashes[..job.held]);
+            }
+            self.failed += 1;
+        }
+    }
+
+    /// Steps taken with work in them: the `progress` it reports.
+    pub fn progress(&self) -> u64 {
+        self.steps
     }
 
     /// `[waiting, running, received, finished, failed]`, as in `StatsUpdate`.

@@ -1,4 +1,4 @@
-//! Tests of `model`: step times, chunked prefill, the batch cap, deaths, TTFT, the prefix cache.
+//! Tests of `model`: step times, chunked prefill, the batch cap, deaths, hangs, aborts, TTFT, the prefix cache.
 
 use super::*;
 
@@ -125,4 +125,34 @@ fn ttft_is_smoothed() {
     e.plan();
     e.finish(30_000, &mut out);
     assert_eq!(e.ttft_ms(), Some(0.8 * 10.0 + 0.2 * 20.0));
+}
+
+#[test]
+fn a_hung_engine_takes_no_step_and_its_counts_and_progress_stand_still() {
+    let mut e = engine(8192);
+    assert!(e.admit(Job::new(1, 20_000, 1, 0)));
+    let mut out = Vec::new();
+    e.plan();
+    e.finish(675_360, &mut out);
+    assert_eq!((e.progress(), e.counts()), (1, [0, 1, 1, 0, 0]));
+    e.plan();
+    e.hang();
+    // The step in flight never ends; a job sent to it is taken and never queued.
+    e.finish(1_350_720, &mut out);
+    assert!(e.admit(Job::new(2, 100, 1, 0)));
+    e.abort(1);
+    assert_eq!((e.progress(), e.counts(), e.tokens()), (1, [0, 1, 1, 0, 0], [0, 11_809]));
+    assert_eq!((e.has_work(), e.plan(), e.answers(), e.is_alive()), (false, 0, false, true));
+}
+
+#[test]
+fn an_aborted_job_leaves_a_live_engine_as_failed() {
+    let mut e = engine(8192);
+    assert!(e.admit(Job::new(1, 20_000, 1, 0)));
+    assert!(e.admit(Job::new(2, 20_000, 1, 0)));
+    e.plan();
+    e.abort(1);
+    e.abort(2);
+    e.abort(3);
+    assert_eq!((e.counts(), e.tokens(), e.has_work()), ([0, 0, 2, 0, 2], [0, 0], false));
 }

@@ -219,6 +219,8 @@ struct Update {
     tokens: [u64; 2],
     #[serde(skip_serializing_if = "Option::is_none")]
     ttft_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: Option<u64>,
 }
 
 /// One engine's stats PUB socket (it connects to dpcoord's stats bind).
@@ -237,10 +239,17 @@ impl StatsPub {
         Ok(StatsPub { peer, rank, boot, seq: 0, last: [0; 5] })
     }
 
-    /// Sends one `StatsUpdate` with the next `seq`.
-    pub fn publish(&mut self, counts: [u64; 5], tokens: [u64; 2], ttft_ms: Option<f64>) -> Result<(), NetError> {
+    /// Sends one `StatsUpdate` with the next `seq` (and the engine's
+    /// `progress`, its steps, when given).
+    pub fn publish(
+        &mut self,
+        counts: [u64; 5],
+        tokens: [u64; 2],
+        ttft_ms: Option<f64>,
+        progress: Option<u64>,
+    ) -> Result<(), NetError> {
         self.seq += 1;
-        let u = Update { v: 1, rank: self.rank, boot: self.boot, seq: self.seq, counts, tokens, ttft_ms };
+        let u = Update { v: 1, rank: self.rank, boot: self.boot, seq: self.seq, counts, tokens, ttft_ms, progress };
         self.peer.send(&[&rmp_serde::to_vec_named(&u)?])?;
         self.last = counts;
         Ok(())

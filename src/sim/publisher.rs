@@ -96,7 +96,7 @@ impl Publisher {
     /// Sends the engine's stats now (at virtual time `now`).
     pub fn send(&mut self, e: &SimEngine, ttft_ms: Option<f64>, now: Micros) -> Result<(), NetError> {
         match &mut self.kind {
-            Kind::Stats(p) => p.publish(e.counts(), e.tokens(), ttft_ms)?,
+            Kind::Stats(p) => p.publish(e.counts(), e.tokens(), ttft_ms, Some(e.progress()))?,
             Kind::Load(p) => p.send(self.rank, stat(e), now)?,
         }
         self.sent += 1;

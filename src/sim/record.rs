@@ -50,9 +50,11 @@ pub struct Mark {
 pub enum Happened {
     /// The engine died.
     Died,
+    /// The engine hung (its stats kept going out).
+    Hung,
     /// A health probe went to the rank; `ok`: the engine was alive.
     Probe { ok: bool },
-    /// dpcoord's status of the rank changed to `down` or `stale`.
+    /// dpcoord's status of the rank changed to `down`, `stale` or `stalled`.
     SeenDown(String),
     /// dpcoord's status of the rank went back to `up`.
     Readmitted,
@@ -122,6 +124,10 @@ pub struct Recorder {
     seen: Vec<String>,
     /// The rank that died, if one did.
     pub death: Option<Death>,
+    /// The rank that hung, if one did (`down_at`: when dpcoord showed it `stalled`).
+    pub hang: Option<Death>,
+    /// Requests a frontend gave up on (no first token in time) and placed again.
+    pub timeouts: u64,
 }
 
 /// A rank's death, when dpcoord showed it `down`, and the user placements
@@ -203,10 +209,10 @@ impl Recorder {
         self.marks.push(Mark { at, rank, what });
     }
 
-    /// dpcoord shows `statuses` at `at`: marks each rank it newly sees down
-    /// or stale, and each it sees up again (a rank's first status marks nothing).
+    /// dpcoord shows `statuses` at `at`: marks each rank it newly sees down,
+    /// stale or stalled, and each it sees up again (a rank's first status marks nothing).
     pub fn saw(&mut self, at: Micros, statuses: Vec<String>) {
-        let bad = |s: &str| s == "down" || s == "stale";
+        let bad = |s: &str| s == "down" || s == "stale" || s == "stalled";
         for (rank, (now, before)) in statuses.iter().zip(&self.seen).enumerate() {
             let what = match (bad(before), bad(now)) {
                 _ if now == before => continue,
@@ -261,6 +267,8 @@ impl Recorder {
             pending: self.pending,
             late: self.late,
             death: self.death,
+            hang: self.hang,
+            timeouts: self.timeouts,
         }
     }
 }
@@ -317,6 +325,8 @@ pub struct ArmResult {
     pub pending: PendingError,
     pub late: u64,
     pub death: Option<Death>,
+    pub hang: Option<Death>,
+    pub timeouts: u64,
 }
 
 impl ArmResult {
@@ -373,6 +383,7 @@ mod tests {
         rec.saw(5, s(["up", "up", "stale"]));
         rec.saw(9, s(["up", "up", "down"]));
         rec.saw(12, s(["down", "up", "up"]));
+        rec.saw(14, s(["down", "stalled", "up"]));
         let got: Vec<(Micros, u32, Happened)> = rec.marks.iter().map(|m| (m.at, m.rank, m.what.clone())).collect();
         assert_eq!(
             got,
@@ -381,6 +392,7 @@ mod tests {
                 (9, 2, Happened::SeenDown("down".into())),
                 (12, 0, Happened::SeenDown("down".into())),
                 (12, 2, Happened::Readmitted),
+                (14, 1, Happened::SeenDown("stalled".into())),
             ]
         );
     }

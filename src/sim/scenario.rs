@@ -16,7 +16,7 @@ use super::record::ArmResult;
 use super::stepped::{Core, Wiring};
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use super::{elastic, pending, prefix, report, svg, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
+use super::{elastic, hung, pending, prefix, report, svg, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
 use crate::config::keys;
 
 /// One scenario's report and chart.
@@ -48,12 +48,14 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         lockstep: a.lockstep.unwrap_or(lockstep),
         slow: None,
         kill: None,
+        hang: None,
         resizes: Vec::new(),
         frontends: a.frontends,
         load: a.rate.map_or(Load::Closed { concurrency: a.concurrency }, |rate| Load::Open { rate }),
         prompts: Some(a.prompts),
         lengths: Lengths { input: (a.input_tokens, a.input_tokens), output: (a.output_tokens, a.output_tokens) },
         probe: None,
+        timeout: None,
         seed: a.seed,
         speed: a.speed,
         sync: a.sync,
@@ -270,7 +272,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
     let outcome = match s {
         Scenario::All => {
             let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
-            for one in each.into_iter().chain([Scenario::Elastic, Scenario::Pending]) {
+            for one in each.into_iter().chain([Scenario::HungRank, Scenario::Elastic, Scenario::Pending]) {
                 run(one, a, emit)?;
             }
             return Ok(());
@@ -279,6 +281,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::SlowRank => slow_rank(a)?,
         Scenario::DeadRank => dead_rank(a)?,
         Scenario::HeteroPrompts => hetero_prompts(a)?,
+        Scenario::HungRank => hung::hung_rank(a)?,
         Scenario::Elastic => elastic::elastic(a)?,
         Scenario::Pending => pending::pending(a)?,
         Scenario::Prefix => prefix::prefix(a)?,

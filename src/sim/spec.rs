@@ -61,6 +61,9 @@ pub struct ArmSpec {
     pub slow: Option<(u32, u32)>,
     /// `(rank, at)`: the rank dies at virtual time `at`.
     pub kill: Option<(u32, Micros)>,
+    /// `(rank, at)`: the rank hangs at virtual time `at` (no step from then
+    /// on) while its stats keep going out, the same counts each time.
+    pub hang: Option<(u32, Micros)>,
     /// `(at, dp_size)`: the operator resizes dpcoord's table at `at`. Engines
     /// beyond `ranks` start before the first resize that takes them in;
     /// removed ones finish what they hold, then stop.
@@ -71,6 +74,10 @@ pub struct ArmSpec {
     pub prompts: Option<u64>,
     pub lengths: Lengths,
     pub probe: Option<Probe>,
+    /// A frontend gives up on a request after this long without a token
+    /// from it (the first, from its placement), and places it again (none:
+    /// it waits forever).
+    pub timeout: Option<Micros>,
     pub seed: u64,
     /// Virtual seconds per wall second; 0 runs unpaced.
     pub speed: f64,

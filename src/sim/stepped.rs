@@ -207,7 +207,7 @@ mod tests {
         let wiring = Wiring::Stepped(core.clone());
         let mut engine = StatsPub::connect(&wiring, &eps.stats, 0, 1).unwrap();
         let observer = Rpc::connect(&wiring, &eps.health, Channel::Health).unwrap();
-        engine.publish([0; 5], [0; 2], None).unwrap();
+        engine.publish([0; 5], [0; 2], None, None).unwrap();
         let status = |at: Micros| {
             core.set_now(at);
             observer.state().unwrap()[0].status.clone()

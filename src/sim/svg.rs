@@ -219,8 +219,8 @@ fn key(out: &mut String, y: f64, w_max: f64) {
     );
     let y = y + 30.0;
     let items: [(Happened, &str, f64); 4] = [
-        (Happened::Died, "engine dies", 12.0),
-        (Happened::SeenDown("down".into()), "dpcoord sees it down or stale", 190.0),
+        (Happened::Died, "engine dies (purple: hangs)", 12.0),
+        (Happened::SeenDown("down".into()), "dpcoord sees it down, stale, stalled", 190.0),
         (Happened::Readmitted, "dpcoord sees it up again", 430.0),
         (Happened::Probe { ok: true }, "health probe (red: to a dead engine)", 640.0),
     ];

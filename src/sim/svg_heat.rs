@@ -12,6 +12,7 @@ use super::svg::Frame;
 /// Shades of the heat strip, white (nothing held) to dark blue (the most any rank held).
 pub const SHADES: usize = 12;
 pub const DIED: &str = "#d62728";
+const HUNG: &str = "#9467bd";
 const SEEN: &str = "#ff7f0e";
 const BACK: &str = "#2ca02c";
 
@@ -37,6 +38,12 @@ pub fn marker(out: &mut String, what: &Happened, x: f64, y: f64, size: f64) {
         Happened::Died => write!(
             out,
             r#"<path d="M{:.1},{:.1}l{size:.1},{size:.1}m0,-{size:.1}l-{size:.1},{size:.1}" stroke="{DIED}" stroke-width="2.5"/>"#,
+            x - r,
+            y - r
+        ),
+        Happened::Hung => write!(
+            out,
+            r#"<path d="M{:.1},{:.1}l{size:.1},{size:.1}m0,-{size:.1}l-{size:.1},{size:.1}" stroke="{HUNG}" stroke-width="2.5"/>"#,
             x - r,
             y - r
         ),

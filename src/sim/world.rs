@@ -1,9 +1,10 @@
 //! The discrete-event loop of one simulated run.
 //!
-//! Events (step ends, arrivals, retries, probes, a rank's death, the
-//! operator's resizes of dpcoord's table, samples, requests reaching their
-//! engine after a hop, SGLang load publishers' calls) are taken in virtual-time order from one queue on one thread, so the
-//! order of every query sent to dpcoord follows from the model alone. With
+//! Events (step ends, arrivals, retries, probes, a rank's death or hang,
+//! frontends' request timeouts, the operator's resizes of dpcoord's table,
+//! samples, requests reaching their engine after a hop, SGLang load
+//! publishers' calls) are taken in virtual-time order from one queue on one
+//! thread, so the order of every query sent to dpcoord follows from the model alone. With
 //! a stepped coordinator (`stepped`), dpcoord's clock is the run's virtual
 //! time too, so every run repeats exactly. Pacing maps virtual time to wall
 //! time (`speed` virtual seconds per real second, 0 = as fast as possible),
@@ -46,6 +47,11 @@ enum Event {
     Retry(u64),
     Probe,
     Kill(u32),
+    /// Rank `.0` hangs.
+    Hang(u32),
+    /// Request `.0`'s frontend checks its placement on rank `.1` (its
+    /// attempt `.2`; the rank's progress `.3` when the check was set).
+    Timeout(u64, u32, u32, u64),
     Resize(u32),
     Sample,
     /// Request `.0` reaches rank `.1`.
@@ -134,6 +140,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
         w.handle(event)?;
         w.start_steps()?;
         w.watch_death()?;
+        w.watch_hang()?;
         w.link.heartbeat(&w.cluster.engines)?;
         if let Some(live) = w.live {
             live.now_us.store(at, Ordering::Relaxed);
@@ -141,6 +148,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
     }
     w.sample()?;
     w.rec.death = w.rec.death.map(|d| Death { ended: w.now, ..d });
+    w.rec.hang = w.rec.hang.map(|d| Death { ended: w.now, ..d });
     w.rec.prefilled = w.cluster.prefilled();
     w.rec.hits = w.cluster.engines.iter().map(|e| e.hits).collect();
     Ok(w.rec)
@@ -172,6 +180,9 @@ impl World<'_> {
         }
         if let Some((rank, t)) = self.spec.kill.filter(|(r, _)| *r < self.spec.ranks) {
             self.at(t, Event::Kill(rank));
+        }
+        if let Some((rank, t)) = self.spec.hang.filter(|(r, _)| *r < self.spec.ranks) {
+            self.at(t, Event::Hang(rank));
         }
         for &(t, n) in &self.spec.resizes {
             self.at(t, Event::Resize(n));
@@ -225,6 +236,18 @@ impl World<'_> {
                 }
                 Ok(())
             }
+            // It hangs in a step: at its first instant with work from then on.
+            Event::Hang(rank) if !self.cluster.engines[rank as usize].has_work() => {
+                self.at(self.now + BEAT, Event::Hang(rank));
+                Ok(())
+            }
+            Event::Hang(rank) => {
+                self.rec.mark(self.now, rank, Happened::Hung);
+                self.rec.hang = Some(Death::new(rank, self.now));
+                self.cluster.engines[rank as usize].hang();
+                Ok(())
+            }
+            Event::Timeout(id, rank, attempt, progress) => self.timeout(id, rank, attempt, progress),
             Event::Resize(n) => self.resize(n),
             Event::Sample => {
                 self.sample()?;
@@ -250,6 +273,15 @@ impl World<'_> {
         let Some(rank) = self.rec.death.filter(|d| d.down_at.is_none()).map(|d| d.rank) else { return Ok(()) };
         if self.link.statuses()?.get(rank as usize).is_some_and(|s| s == "down") {
             self.rec.death = self.rec.death.map(|d| Death { down_at: Some(self.now), ..d });
+        }
+        Ok(())
+    }
+
+    /// Until dpcoord shows the rank that hung `stalled`, looks at its status.
+    fn watch_hang(&mut self) -> Result<(), NetError> {
+        let Some(rank) = self.rec.hang.filter(|d| d.down_at.is_none()).map(|d| d.rank) else { return Ok(()) };
+        if self.link.statuses()?.get(rank as usize).is_some_and(|s| s == "stalled") {
+            self.rec.hang = self.rec.hang.map(|d| Death { down_at: Some(self.now), ..d });
         }
         Ok(())
     }
@@ -357,7 +389,7 @@ impl World<'_> {
             if let Some(live) = self.live {
                 bump(&live.probes[rank as usize], 1);
             }
-            let ok = self.cluster.engines[rank as usize].is_alive();
+            let ok = self.cluster.engines[rank as usize].answers();
             self.rec.probe_failures += u64::from(!ok);
             self.rec.mark(self.now, rank, Happened::Probe { ok });
             self.link.report(rank, ok)?;

@@ -2,8 +2,9 @@
 //! arrival, or when a closed-loop frontend's last one finished), placed (by
 //! the oracle, by the frontend itself from a stale snapshot, or by dpcoord's
 //! route socket), carried over the hop, then admitted by the engine or
-//! retried; under a delayed handoff, dpcoord's `pending` is checked against
-//! the truth before each placement.
+//! retried (also when its frontend gives up on it after a timeout); under
+//! a delayed handoff, dpcoord's `pending` is checked against the truth
+//! before each placement.
 //!
 //! Apart from `world`, which runs the event queue and the engines' side
 //! (steps, deaths, resizes, probes, samples), because this is the frontends'
@@ -62,7 +63,7 @@ impl World<'_> {
     pub(super) fn dispatch(&mut self, id: u64) -> Result<(), NetError> {
         let r = &mut self.rec.requests[id as usize];
         r.attempts += 1;
-        let (f, prompt, content) = (r.frontend, r.prompt, r.content.clone());
+        let (f, prompt, content, attempt) = (r.frontend, r.prompt, r.content.clone(), r.attempts);
         if self.spec.handoff.is_delayed() {
             self.check_pending()?;
         }
@@ -82,11 +83,16 @@ impl World<'_> {
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
         self.watch_death()?;
+        self.watch_hang()?;
         match self.link.route(f as usize, prompt, tokens, pin)? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
-                if let Some(d) = &mut self.rec.death {
+                for d in [&mut self.rec.death, &mut self.rec.hang].into_iter().flatten() {
                     d.placed(rank);
+                }
+                if let Some(t) = self.spec.timeout {
+                    let progress = self.cluster.engines[rank as usize].progress();
+                    self.at(self.now + t, Event::Timeout(id, rank, attempt, progress));
                 }
                 let (lo, hi) = self.spec.handoff.transit;
                 if hi == 0 {
@@ -118,6 +124,28 @@ impl World<'_> {
             self.at(self.now + RETRY_AFTER, Event::Retry(id));
             Ok(())
         }
+    }
+
+    /// Request `id`'s frontend checks its placement on `rank` (attempt
+    /// `attempt`) a timeout after it, or after the last check: it gives up
+    /// without a first token, or without a token since the last check (a
+    /// decoding job gets one at each step of its engine, so then the
+    /// rank's `progress`, `then`, has not moved). The engine drops it (a
+    /// hung one cannot) and the frontend places it again at once.
+    pub(super) fn timeout(&mut self, id: u64, rank: u32, attempt: u32, then: u64) -> Result<(), NetError> {
+        let r = &self.rec.requests[id as usize];
+        if r.attempts != attempt || r.done.is_some() {
+            return Ok(());
+        }
+        let progress = self.cluster.engines[rank as usize].progress();
+        if let (Some(t), true) = (self.spec.timeout, r.first_token.is_some() && progress != then) {
+            self.at(self.now + t, Event::Timeout(id, rank, attempt, progress));
+            return Ok(());
+        }
+        self.rec.timeouts += 1;
+        self.cluster.engines[rank as usize].abort(id);
+        self.link.publish(rank, &self.cluster.engines[rank as usize])?;
+        self.dispatch(id)
     }
 
     /// Compares dpcoord's `pending` per rank with the truth: the rank's
