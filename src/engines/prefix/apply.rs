@@ -143,7 +143,7 @@ impl PrefixIndex {
         }
         // A slice stops one block past the cap, where the sweep starts: the
         // same blocks go however the batch is sliced.
-        let room = (self.cap + 1).saturating_sub(self.ranks[rank as usize].total()).max(1);
+        let room = self.cap.saturating_add(1).saturating_sub(self.ranks[rank as usize].total()).max(1);
         let (from, to) = (at.block, st.hashes.len().min(at.block.saturating_add(budget.min(room))));
         let bs = bs as usize;
         self.keys.clear();
