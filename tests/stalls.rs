@@ -89,12 +89,13 @@ fn progress_going_backwards_is_dropped_as_malformed() {
 
 #[test]
 fn failed_probes_in_a_row_stall_a_rank_and_a_success_brings_it_back() {
-    let d = daemon("probe_failures = 2\n");
+    let d = daemon(""); // engines.probe_failures at its default, 3
     d.bring_up(&d.publisher(), &[0, 1]);
     let h = d.health_client();
     let report = |ok: bool| h.call(json!({"v": 1, "op": "health_report", "rank": 1, "ok": ok}));
     assert_eq!(report(false)["ok"], json!(true));
-    assert_eq!(rank(&d, 1)["status"], json!("up"), "one failure");
+    report(false);
+    assert_eq!(rank(&d, 1)["status"], json!("up"), "two failures");
     report(false);
     assert_eq!((&rank(&d, 1)["status"], &rank(&d, 1)["stall"]), (&json!("stalled"), &json!("probe")));
     metric_is(&d, r#"dpcoord_rank_stalls_total{cause="probe",dp_rank="1"}"#, 1.0);

@@ -200,21 +200,40 @@ def test_tpot_ttft_and_client_aborts(real, plugin, start_daemon, tmp_path):
         tap.close()
 
 
-def test_a_wedged_engine_is_stalled_while_the_timer_keeps_reporting(real, plugin, start_daemon, tmp_path):
-    """The plugin's timer runs in the API server and repeats the last gauges every
-    250 ms whether or not the engine stepped; each update also carries the steps the
-    engine made (``progress``), so dpcoord tells a busy engine that stopped stepping
-    from a quiet one, and brings it back when it steps again."""
+def test_a_wedged_engine_is_stalled_while_the_timer_keeps_reporting(real, start_daemon, tmp_path, monkeypatch):
+    """vLLM's own ``StatLoggerManager`` (as ``AsyncLLM`` builds it, the plugin found by
+    vLLM's loader and vLLM's ``PrometheusStatLogger`` beside it) calls the plugin on each
+    engine step; the plugin's timer runs in the API server and repeats the last gauges
+    every 250 ms whether or not the engine stepped. Each update also carries the steps
+    the engine made (``progress``), so dpcoord tells a busy engine that stopped stepping
+    from an idle one, and brings it back when it steps again."""
+    from test_vllm_metrics_scrape import fresh_registry, vllm_config
+
     cfg = tmp_path / "stall.toml"
     cfg.write_text("[engines]\nstall_after_ms = 1000\n")
     d = start_daemon("--dp-size", "2", "--config", str(cfg))
-    [server] = plugin(d.stats, engines=2)
-    server.record(sched(real, running=3), None, engine_idx=0)  # rank 0: a step, then wedged
-    server.record(sched(real), None, engine_idx=1)  # rank 1: a step, then idle
-    eventually("both up", lambda: d.statuses() == ["up", "up"])
-    eventually("rank 0 stalled, rank 1 up", lambda: d.statuses() == ["stalled", "up"], deadline=10)
-    assert d.state()["ranks"][0]["stall"] == "progress"
-    for _ in range(2):  # readmit_updates: two updates in a row that show steps
-        server.record(sched(real, running=3), None, engine_idx=0)
-        time.sleep(0.05)
-    eventually("rank 0 back", lambda: d.statuses() == ["up", "up"])
+    monkeypatch.setenv("DPCOORD_STATS_ENDPOINT", d.stats)
+    monkeypatch.setenv("DPCOORD_STATE_DIR", str(tmp_path / "ledgers"))
+    monkeypatch.setenv("DPCOORD_GROUP", uuid.uuid4().hex)
+    loggers_mod = real["vllm.v1.metrics.loggers"]
+    factories = loggers_mod.load_stat_logger_plugin_factories()
+    fresh_registry()
+    manager = loggers_mod.StatLoggerManager(
+        vllm_config(), engine_idxs=[0, 1], custom_stat_loggers=factories, enable_default_loggers=False
+    )
+    manager.log_engine_initialized()
+    ours = [lg for a in manager.stat_loggers for lg in getattr(a, "per_engine_stat_loggers", {}).values()]
+    assert len(ours) == 2, manager.stat_loggers
+    try:
+        manager.record(sched(real, running=3), None, engine_idx=0)  # rank 0: a step, then wedged
+        manager.record(sched(real), None, engine_idx=1)  # rank 1: a step, then idle
+        eventually("both up", lambda: d.statuses() == ["up", "up"])
+        eventually("rank 0 stalled, rank 1 up", lambda: d.statuses() == ["stalled", "up"], deadline=10)
+        assert d.state()["ranks"][0]["stall"] == "progress"
+        for _ in range(2):  # readmit_updates: two updates in a row that show steps
+            manager.record(sched(real, running=3), None, engine_idx=0)
+            time.sleep(0.05)
+        eventually("rank 0 back", lambda: d.statuses() == ["up", "up"])
+    finally:
+        for lg in ours:
+            lg.close()
