@@ -63,9 +63,10 @@ def test_no_dpcoord_is_answered_at_once_and_dpcoord_is_used_when_it_comes(start_
 
     outcomes, waited, rest, answer = run(main())
     assert outcomes == [(None, "unreachable")] * 5
-    # Only the link's first query waits for a connection, up to the deadline (0.2 s);
+    # Only the link's first query waits for a connection, up to the deadline (0.2 s;
+    # asyncio may fire a timer a little early: it was seen at 0.19994 s under load);
     # the others are answered without waiting: nothing is queued (ZMQ_IMMEDIATE).
-    assert waited >= 0.2 and rest < 0.2
+    assert waited >= 0.19 and rest < 0.2, (waited, rest)
     assert answer[1] is None and answer[0] in (0, 1)
 
 
