@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::report::{num, rate, ratio, Report, Table};
+use crate::report::{rate, Report, Table};
 use crate::support::{Daemon, Mp, DEADLINE};
-use crate::transport::{load, Measured};
+use crate::transport::load;
 use crate::Mode;
 
 const DP: u32 = 8;
@@ -52,21 +52,6 @@ fn flooder(ctx: &zmq::Context, endpoint: &str, body: &[u8], stop: &AtomicBool) -
     }
 }
 
-fn row(t: &mut Table, what: &str, m: &mut Measured, quiet_p99: f64, health: String) -> f64 {
-    let p99 = m.lat.quantile_us(0.99);
-    t.row(vec![
-        what.into(),
-        rate(m.qps()),
-        num(m.lat.quantile_us(0.5), 1),
-        num(p99, 1),
-        num(m.lat.quantile_us(1.0), 1),
-        ratio(p99, quiet_p99),
-        m.failures.to_string(),
-        health,
-    ]);
-    p99
-}
-
 pub fn run(mode: Mode, report: &mut Report) {
     let full = mode == Mode::Full;
     let dur = if full { Duration::from_secs(4) } else { Duration::from_millis(200) };
@@ -80,7 +65,7 @@ pub fn run(mode: Mode, report: &mut Report) {
         format!("health flood: route p99 while {FLOODERS} DEALERs send `prefix` ops of {tokens} tokens ({DP} ranks, 2 REQ clients, the same daemon)"),
         &["health socket", "route q/s", "p50 us", "p99 us", "max us", "p99 vs quiet", "failed", "health ops/s"],
     );
-    row(&mut t, "quiet", &mut quiet, quiet_p99, "-".into());
+    quiet.latency_row(&mut t, "quiet".into(), quiet_p99, "-".into());
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
     let (mut busy, ops) = std::thread::scope(|s| {
@@ -92,7 +77,7 @@ pub fn run(mode: Mode, report: &mut Report) {
     });
     let ops_per_s = ops as f64 / t0.elapsed().as_secs_f64();
     let what = format!("flood: {} B per op", body.len());
-    let p99 = row(&mut t, &what, &mut busy, quiet_p99, rate(ops_per_s));
+    let p99 = busy.latency_row(&mut t, what, quiet_p99, rate(ops_per_s));
     t.print();
     report.target(
         "route p99 under a flood of `prefix` ops on the health socket",

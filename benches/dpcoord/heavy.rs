@@ -18,9 +18,9 @@ use dpcoord::engines::kv::{KvEvent, Medium, Stored};
 use dpcoord::engines::prefix::{PrefixIndex, Progress};
 use dpcoord::wire::{read_vllm_metrics, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
 
-use crate::report::{num, rate, ratio, Report, Table};
+use crate::report::{num, rate, Report, Table};
 use crate::support::{eventually, Daemon, Mp};
-use crate::transport::{load, Measured};
+use crate::transport::load;
 use crate::Mode;
 
 const DP: u32 = 8;
@@ -138,21 +138,6 @@ fn publish_kv(d: &Daemon, publisher: &zmq::Socket, seq: &mut u64, batches: &[Vec
     sent
 }
 
-fn row(t: &mut Table, what: String, m: &mut Measured, quiet_p99: f64, did: String) -> f64 {
-    let p99 = m.lat.quantile_us(0.99);
-    t.row(vec![
-        what,
-        rate(m.qps()),
-        num(m.lat.quantile_us(0.5), 1),
-        num(p99, 1),
-        num(m.lat.quantile_us(1.0), 1),
-        ratio(p99, quiet_p99),
-        m.failures.to_string(),
-        did,
-    ]);
-    p99
-}
-
 pub fn run(mode: Mode, report: &mut Report) {
     steps(mode, report);
     let full = mode == Mode::Full;
@@ -186,7 +171,7 @@ pub fn run(mode: Mode, report: &mut Report) {
         &["input", "route q/s", "p50 us", "p99 us", "max us", "p99 vs quiet", "failed", "what dpcoord took in"],
     );
     let real = format!("{DP} URLs, real {} B bodies, no KV", REAL_BODY.len());
-    row(&mut t, format!("quiet: {real}"), &mut quiet, quiet_p99, "-".into());
+    quiet.latency_row(&mut t, format!("quiet: {real}"), quiet_p99, "-".into());
 
     let largest = largest_body(mode);
     let largest_len = largest.len();
@@ -197,7 +182,7 @@ pub fn run(mode: Mode, report: &mut Report) {
     let mut big = load(&d.ctx, &d.route, d.proc(), 2, dur);
     let read = (scrapes(&d) - ok0) / big.lat.len().max(1) as f64 * big.qps();
     let what = format!("/metrics: {DP} URLs, the largest valid body, {largest_len} B");
-    let p99 = row(&mut t, what, &mut big, quiet_p99, format!("{} bodies/s read", num(read, 1)));
+    let p99 = big.latency_row(&mut t, what, quiet_p99, format!("{} bodies/s read", num(read, 1)));
     report.target(
         "route p99, 8 URLs serving the largest valid /metrics",
         "<= 10x quiet, none failed",
@@ -216,7 +201,7 @@ pub fn run(mode: Mode, report: &mut Report) {
         });
         let blocks = applied as f64 * tokens as f64 / dur.as_secs_f64();
         let what = format!("KV: SGLang page size 1, {tokens} tokens a batch ({size} B)");
-        let p99 = row(&mut t, what, &mut busy, quiet_p99, format!("{applied} batches, {} blocks/s", rate(blocks)));
+        let p99 = busy.latency_row(&mut t, what, quiet_p99, format!("{applied} batches, {} blocks/s", rate(blocks)));
         report.target(
             format!("route p99 while {tokens}-token KV batches are applied"),
             "<= 20x quiet, none failed",

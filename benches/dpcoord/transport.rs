@@ -163,6 +163,23 @@ impl Measured {
         self.queries as f64 / self.secs.max(1e-9)
     }
 
+    /// A row of a route-latency table: `what`, q/s, p50, p99, max, p99
+    /// against `quiet_p99`, failures, then `last`; returns the p99.
+    pub fn latency_row(&mut self, t: &mut Table, what: String, quiet_p99: f64, last: String) -> f64 {
+        let p99 = self.lat.quantile_us(0.99);
+        t.row(vec![
+            what,
+            rate(self.qps()),
+            num(self.lat.quantile_us(0.5), 1),
+            num(p99, 1),
+            num(self.lat.quantile_us(1.0), 1),
+            ratio(p99, quiet_p99),
+            self.failures.to_string(),
+            last,
+        ]);
+        p99
+    }
+
     fn cpu_us_per_query(&self) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / (self.queries.max(1) as f64)
     }
