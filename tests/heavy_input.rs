@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use dpcoord::wire::{VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
+use dpcoord::wire::{VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
 use rmpv::Value as M;
 use serde_json::{json, Value};
 
@@ -71,17 +71,10 @@ fn serve(body: Arc<Vec<u8>>) -> String {
 /// A valid body of `bytes` bytes with every sample dpcoord allows:
 /// 1 waiting per sample of `vllm:num_requests_waiting`, label sets padded.
 fn padded_body(bytes: usize) -> Vec<u8> {
-    let names = [
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_running",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-    ];
     let mut out = String::with_capacity(bytes);
     for i in 0..VLLM_MAX_SAMPLES {
-        let head = format!("{}{{engine=\"{i}\",model_name=\"", names[i % 5]);
-        let tail = if i % 5 == 0 { "\"} 1.0\n" } else { "\"} 0.0\n" };
+        let head = format!("{}{{engine=\"{i}\",model_name=\"", VLLM_FAMILIES[i % VLLM_FAMILIES.len()]);
+        let tail = if i % VLLM_FAMILIES.len() == 0 { "\"} 1.0\n" } else { "\"} 0.0\n" };
         // Two bytes stay for the closing comment line.
         let left = bytes - 2 - out.len();
         let pad = (left / (VLLM_MAX_SAMPLES - i)).saturating_sub(head.len() + tail.len());
@@ -111,7 +104,7 @@ fn route_queries_are_answered_while_eight_urls_serve_the_largest_bodies() {
     // answered between any two looks. A debug build reads such a body in
     // about 90 ms on a scraper thread that yields to the routing thread
     // (nice 10), so on a loaded machine this takes a while: up to a minute.
-    let waiting = json!(VLLM_MAX_SAMPLES / 5);
+    let waiting = json!(VLLM_MAX_SAMPLES / VLLM_FAMILIES.len());
     let started = std::time::Instant::now();
     let mut answered = 0;
     loop {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use dpcoord::engines::kv::{KvEvent, Medium, Stored};
 use dpcoord::engines::prefix::{PrefixIndex, Progress};
-use dpcoord::wire::{read_vllm_metrics, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
+use dpcoord::wire::{read_vllm_metrics, VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
 
 use crate::report::{num, rate, Report, Table};
 use crate::support::{eventually, Daemon, Mp};
@@ -72,19 +72,12 @@ fn metrics_servers(body: &Body) -> Vec<String> {
 /// debug build, serves a sixteenth of it: a debug scraper reads the whole
 /// in about 90 ms, and eight of them would wait past their 1 s timeout.)
 fn largest_body(mode: Mode) -> Vec<u8> {
-    let names = [
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_running",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-    ];
     let part = if mode == Mode::Full { 1 } else { 16 };
     let (bytes, samples) = (VLLM_MAX_BODY_BYTES / part, VLLM_MAX_SAMPLES / part);
     let per_line = bytes / samples;
     let mut out = String::with_capacity(bytes);
     for i in 0..samples {
-        let head = format!("{}{{engine=\"{i}\",model_name=\"", names[i % 5]);
+        let head = format!("{}{{engine=\"{i}\",model_name=\"", VLLM_FAMILIES[i % VLLM_FAMILIES.len()]);
         let tail = "\"} 0.0\n";
         out.push_str(&head);
         out.push_str(&"m".repeat(per_line.saturating_sub(head.len() + tail.len())));

@@ -35,7 +35,7 @@ pub use source::{decode_source, SourceError, SourceKind, SourceLimits};
 pub use stats::{decode_stats, StatsError};
 pub use vllm_metrics::{
     decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics, VllmGauges, VllmMetricsError,
-    MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES, MAX_SAMPLES as VLLM_MAX_SAMPLES,
+    FAMILIES as VLLM_FAMILIES, MAX_BODY_BYTES as VLLM_MAX_BODY_BYTES, MAX_SAMPLES as VLLM_MAX_SAMPLES,
 };
 
 use crate::engines::Unroutable;

@@ -42,7 +42,8 @@ const RUNNING: &str = "vllm:num_requests_running";
 const KV_USAGE: &str = "vllm:kv_cache_usage_perc";
 const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
 const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
-const FAMILIES: [&str; 5] = [WAITING, RUNNING, KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS];
+/// The families read: the three gauges, then the two token counters.
+pub const FAMILIES: [&str; 5] = [WAITING, RUNNING, KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS];
 
 /// Why a scraped body could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq)]
