@@ -15,6 +15,17 @@ use serde_json::json;
 
 const PROMPT: [u32; 7] = [1, 2, 3, 4, 5, 6, 7];
 
+/// One publisher with its replay socket (ports `p`, `r`) and a daemon of one
+/// rank subscribed to it, whose index holds `PROMPT`'s 3 blocks.
+fn one_rank_holding_the_prompt(ctx: &zmq::Context) -> (Vec<Engine>, u16, u16, Daemon) {
+    let (mut e, p, r) = engines(ctx, 1);
+    let d = subscribed("1", p, r);
+    join(&d, &mut e);
+    e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
+    (e, p, r, d)
+}
+
 /// A daemon of `dp` ranks subscribed to the publishers at `pub_port + rank`,
 /// with their replay sockets at `replay_port + rank`.
 fn subscribed(dp: &str, pub_port: u16, replay_port: u16) -> Daemon {
@@ -55,11 +66,7 @@ fn stores_removals_and_clears_reach_each_ranks_index() {
 #[test]
 fn a_lost_batch_is_replayed_and_one_replay_cannot_cover_clears_the_rank() {
     let ctx = zmq::Context::new();
-    let (mut e, p, r) = engines(&ctx, 1);
-    let d = subscribed("1", p, r);
-    join(&d, &mut e);
-    e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
-    await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
+    let (mut e, _, _, d) = one_rank_holding_the_prompt(&ctx);
     // Lost on the way (kept in the publisher's buffer): the next batch shows the gap.
     e[0].emit(vec![stored(&[30], None, &[7, 7])], true);
     e[0].publish(vec![stored(&[31], Some(30), &[8, 8])]);
@@ -129,11 +136,7 @@ fn bad_batches_are_counted_and_a_rank_that_goes_down_loses_its_index() {
 #[test]
 fn a_restarted_publisher_whose_seq_passed_the_old_one_leaves_no_old_block() {
     let ctx = zmq::Context::new();
-    let (mut e, p, r) = engines(&ctx, 1);
-    let d = subscribed("1", p, r);
-    join(&d, &mut e);
-    e[0].publish(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
-    await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3]}));
+    let (e, p, r, d) = one_rank_holding_the_prompt(&ctx);
     assert_eq!(d.ranks()[0]["kv_index"], json!("exact"));
     let old_next = e[0].next;
     drop(e);
