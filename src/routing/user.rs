@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::ledger::Ledger;
-use super::policy::{Candidates, Policy, PolicyKind};
+use super::policy::{Candidates, Metric, Policy, PolicyKind};
 use super::prefix::PrefixView;
 use super::session::SessionTable;
 use super::window::DispatchWindow;
@@ -282,8 +282,10 @@ impl UserDispatcher {
         let before = self.prompt_mean;
         let weight = if before == 0.0 { 1.0 } else { (count as f64 / PROMPT_WINDOW).min(1.0) };
         self.prompt_mean += (tokens as f64 - before) * weight;
-        // Every rank's cost weighs its queue by the mean: a large move re-costs them all.
-        if (self.prompt_mean - before).abs() > 0.1 * before {
+        // A token cost weighs a queue without token counts by the mean, so
+        // every move re-costs all ranks: a cost computed with an older mean
+        // would make the pick depend on when each rank's stats last arrived.
+        if self.policy.scorer.metric == Metric::Tokens && self.prompt_mean != before {
             self.refresh_all(engines);
         }
     }

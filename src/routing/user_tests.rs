@@ -110,6 +110,24 @@ fn least_tokens_counts_engine_and_pending_prompt_tokens() {
     assert_eq!((d.load(0, &t), d.load(1, &t)), (1800.0, 1600.0));
 }
 
+/// Every cached cost is the one the current prompt mean gives, after each
+/// route: a pick never depends on when a rank's stats last arrived (a small
+/// move of the mean used to leave the other ranks costed with the old one).
+#[test]
+fn token_costs_follow_every_move_of_the_prompt_mean() {
+    let mut t = table_with_up(3, &[0, 1, 2]);
+    let mut d = dispatcher(3, PolicyKind::LeastTokens);
+    report(&mut d, &mut t, upd(0, 1, [1, 0, 1, 0, 0]));
+    report(&mut d, &mut t, upd(1, 1, [0, 1, 1, 0, 0]));
+    for tokens in [1000, 1060, 990, 1003, 1200] {
+        route(&mut d, &t, &RouteRequest { prompt_tokens: Some(tokens), ..req(1, Target::Policy) });
+        for r in 0..3u32 {
+            let exact = d.policy.scorer.cost(t.get(r), &d.ledgers[r as usize], d.prompt_mean);
+            assert_eq!(d.costs[r as usize], exact, "rank {r} after a {tokens}-token prompt");
+        }
+    }
+}
+
 #[test]
 fn power_of_two_is_seeded_and_never_picks_unroutable() {
     let t = table_with_up(8, &[0, 1, 2, 3, 5, 6, 7]);
