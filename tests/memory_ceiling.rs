@@ -109,6 +109,60 @@ fn never_reading_peers_sending_huge_ids_stay_under_the_ceiling() {
     returned(&d, before, "huge ids");
 }
 
+/// 8 DEALERs that never read send 100 `state` queries each after a resize
+/// from 8 to 256 ranks (about 40 KB a reply here, 80 KB at worst). The reply
+/// queues are sized at start for `engines.max_dp_size` (256 here: 25
+/// replies a peer, 2 MiB at worst), so RSS grows by at most 2 MiB a peer.
+/// Sized for the starting 8 ranks (338 replies a peer), every reply was
+/// kept: 32 MB for these peers, 147 MB for 16 peers after a resize.
+#[test]
+fn never_reading_state_peers_after_a_resize_hold_their_queue_and_no_more() {
+    let _alone = alone();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ceiling.toml");
+    std::fs::write(&config, "[engines]\nmax_dp_size = 256\n").unwrap();
+    let d = Daemon::frozen("8", &["--config", config.to_str().unwrap()]);
+    d.bring_up(&d.publisher(), &[0, 1, 2, 3, 4, 5, 6, 7]);
+    let r = d.health_client().call(json!({"v": 1, "op": "resize", "dp_size": 256}));
+    assert_eq!((r["ok"].clone(), r["dp_size"].clone()), (json!(true), json!(256)), "{r}");
+    // One state reply first, so what the reply path allocates once is in `before`.
+    assert_eq!(d.state()["ranks"].as_array().map(Vec::len), Some(256));
+    let before = status_kib(d.pid(), "VmHWM");
+    let answered = r#"dpcoord_route_duration_seconds_count{channel="route"}"#;
+    let start = d.metric(answered).unwrap_or(0.0);
+    let ctx = zmq::Context::new();
+    let state = query("state", 1, &[]);
+    let peers: Vec<zmq::Socket> = (0..8)
+        .map(|_| {
+            let s = ctx.socket(zmq::DEALER).unwrap();
+            s.set_linger(0).unwrap();
+            s.set_rcvhwm(1).unwrap();
+            s.set_rcvbuf(4096).unwrap();
+            s.set_sndhwm(0).unwrap();
+            s.connect(&d.route).unwrap();
+            s
+        })
+        .collect();
+    for _ in 0..100 {
+        for p in &peers {
+            p.send_multipart([&b""[..], &state], 0).unwrap();
+        }
+    }
+    // An 80 KB state reply takes milliseconds in a debug build: a longer
+    // wait than `eventually`'s, polled the same way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while d.metric(answered) != Some(start + 800.0) {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for all 800 state queries answered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    served_during(&d, "state floods after a resize");
+    bounded(&d, before, "state floods after a resize");
+    let grown = status_kib(d.pid(), "VmHWM") - before;
+    assert!(grown <= 8 * 2048 + 8 * 1024, "peak RSS grew {grown} KiB: over 2 MiB a peer and 8 MiB of slack");
+    drop(peers);
+    returned(&d, before, "state floods after a resize");
+}
+
 /// Queries padded with an envelope frame before the delimiter (a routing id
 /// is at most 255 bytes), from peers that never read: 1,200 with a 100 KB
 /// frame, which dpcoord drops and counts, and 300 with a 1 MB frame, above

@@ -29,7 +29,8 @@ fn resize(health: &Client, dp: u32) -> u64 {
 
 #[test]
 fn resize_up_and_down_under_three_frontends_moves_the_epoch_once_each() {
-    let d = Daemon::frozen_up("4", &[0, 1, 2, 3]);
+    let d = Daemon::frozen("4", &["--max-dp-size", "6"]);
+    d.bring_up(&d.publisher(), &[0, 1, 2, 3]);
     let (p, health) = (d.publisher(), d.health_client());
     let e0 = d.state()["epoch"].as_u64().unwrap();
     let (stop, seen) = (AtomicBool::new(false), Mutex::new(Vec::new()));
@@ -85,7 +86,8 @@ fn route1(c: &Client) -> Vec<u64> {
 fn reload_changes_policy_and_weight_under_load_and_a_bad_file_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dpcoord.toml");
-    write(&file, "[engines]\ndp_size = 3\n[routing]\npolicy = \"round_robin\"\n");
+    // Room for the reload to 4 ranks at the end; later files leave the key out.
+    write(&file, "[engines]\ndp_size = 3\nmax_dp_size = 4\n[routing]\npolicy = \"round_robin\"\n");
     let file_arg = file.to_str().unwrap();
     let mut args = vec!["--config", file_arg];
     args.extend_from_slice(&FROZEN);

@@ -168,7 +168,13 @@ fn query_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
 /// Median ns of decoding the route query, and of encoding its answer.
 fn wire_ns(budget: Budget) -> (f64, f64) {
     let query = route_query();
-    let limits = QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536, max_prompt_tokens: 262_144 };
+    let limits = QueryLimits {
+        dp_size: 8,
+        max_dp_size: 8,
+        max_batch: 1024,
+        max_message_bytes: 65536,
+        max_prompt_tokens: 262_144,
+    };
     let decode = budget.median_ns(
         &mut (),
         |_, chunk| {

@@ -203,6 +203,16 @@ pub const MAX_PEERS_PER_ADDRESS: IntKey =
 /// scraped; docs/failure-behaviour.md, "Configuration bounds").
 pub const DP_SIZE: IntKey =
     IntKey { key: Key::flagged(ENGINES, "dp_size", "N", "Number of DP ranks"), default: 8, min: 1, max: 1024 };
+/// The largest `dp_size` a `resize` or a reload may set (0: the `dp_size`
+/// of the start). The route and health sockets' reply queues are sized at
+/// start for a `state` reply of this many ranks (libzmq's marks cannot be
+/// lowered on live connections safely), so a larger size needs a restart.
+pub const MAX_DP_SIZE: IntKey = IntKey {
+    key: Key::flagged(ENGINES, "max_dp_size", "N", "Most ranks a resize may set without a restart (0: --dp-size)"),
+    default: 0,
+    min: 0,
+    max: DP_SIZE.max,
+};
 pub const STALE_AFTER_MS: IntKey =
     IntKey { key: Key::flagged(ENGINES, "stale_after_ms", "MS", ""), default: 1000, min: 1, max: HOUR_MS };
 pub const DOWN_AFTER_MS: IntKey =
@@ -317,8 +327,9 @@ pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 59] = [
+pub const ALL: [AnyKey; 60] = [
     AnyKey::Int(&DP_SIZE),
+    AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
     AnyKey::Str(&ROUTE_BIND),
     AnyKey::Str(&HEALTH_BIND),

@@ -141,6 +141,8 @@ pub struct KvSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Engines {
     pub dp_size: u32,
+    /// `engines.max_dp_size`; `None`: the `dp_size` of the start.
+    pub max_dp_size: Option<u32>,
     pub stale_after: Duration,
     pub down_after: Duration,
     pub readmit_updates: u32,
@@ -148,6 +150,14 @@ pub struct Engines {
     pub stall_after: Duration,
     /// `engines.probe_failures`; zero: never.
     pub probe_failures: u32,
+}
+
+impl Engines {
+    /// The largest `dp_size` this configuration lets a running dpcoord
+    /// reach: what the sockets' reply queues are sized for at start.
+    pub fn dp_ceiling(&self) -> u32 {
+        self.max_dp_size.unwrap_or(self.dp_size)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -222,6 +222,13 @@ pub(super) struct EngineSources {
 /// The engines section: the settings, and the engine sources to reach.
 pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSources), ConfigError> {
     let dp_size = s.int(&keys::DP_SIZE)? as u32;
+    let max_dp_size = Some(s.int(&keys::MAX_DP_SIZE)? as u32).filter(|&m| m > 0);
+    if let Some(max) = max_dp_size.filter(|&m| m < dp_size) {
+        return Err(err(
+            keys::MAX_DP_SIZE.key.path(),
+            format!("must be 0 or at least {} ({dp_size}), got {max}", keys::DP_SIZE.key.path()),
+        ));
+    }
     let sglang_load_connect = s.endpoints(&keys::SGLANG_LOAD_CONNECT)?;
     let vllm_metrics_url = s.strings(&keys::VLLM_METRICS_URL)?;
     for url in &vllm_metrics_url {
@@ -246,7 +253,10 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSource
         ));
     }
     let sources = EngineSources { sglang_load_connect, vllm_metrics_url, vllm_metrics_interval };
-    Ok((Engines { dp_size, stale_after, down_after, readmit_updates, stall_after, probe_failures }, sources))
+    Ok((
+        Engines { dp_size, max_dp_size, stale_after, down_after, readmit_updates, stall_after, probe_failures },
+        sources,
+    ))
 }
 
 /// Checks a URL to scrape: `http://HOST:PORT/PATH` (plain HTTP, an explicit port, a path).

@@ -89,6 +89,7 @@ fn the_flags_are_the_documented_ones() {
         .collect();
     let expected = [
         ("dp-size", "N", "Number of DP ranks (engines.dp_size)"),
+        ("max-dp-size", "N", "Most ranks a resize may set without a restart (0: --dp-size) (engines.max_dp_size)"),
         ("policy", "NAME", "User routing policy (routing.policy)"),
         ("route-bind", "EP", "ROUTER endpoint for routing queries (server.route_bind)"),
         ("health-bind", "EP", "ROUTER endpoint for health queries (server.health_bind)"),

@@ -25,6 +25,9 @@ pub(crate) mod testing {
     pub fn settings(dp: u32) -> Settings {
         let mut s = Settings::default();
         s.engines.dp_size = dp;
+        // Unit tests resize freely, as a daemon whose sockets were sized
+        // for the most ranks does.
+        s.engines.max_dp_size = Some(1024);
         s
     }
 

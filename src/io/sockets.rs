@@ -182,7 +182,7 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zm
     s.set_rcvhwm(bytes_hwm(PEER_INBOUND_BYTES, backstop(cfg), MIN_INBOUND_HWM, MAX_QUERY_HWM))
         .map_err(sock_err(name))?;
     let lim = &cfg.settings.limits;
-    let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_size, lim.max_batch);
+    let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_ceiling(), lim.max_batch);
     s.set_sndhwm(reply_hwm(max_reply)).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
@@ -330,9 +330,21 @@ mod tests {
     #[test]
     fn reply_marks_follow_the_largest_reply_of_the_limits_in_force() {
         let mark = |dp, batch| reply_hwm(max_reply_bytes(Channel::Route, dp, batch));
-        assert_eq!([mark(8, 1024), mark(1024, 1024), mark(4096, 1024)], [338, 6, 1]);
+        assert_eq!([mark(8, 1024), mark(16, 1024), mark(256, 1024), mark(1024, 1024)], [338, 241, 25, 6]);
+        assert_eq!(mark(4096, 1024), 1);
         assert_eq!(reply_hwm(0), 608, "a 2 MiB budget over the envelope allowance alone");
         assert_eq!(reply_hwm(64 << 20), 1, "one reply, whatever its size");
+    }
+
+    /// The marks come from `engines.max_dp_size` when it is set, so a
+    /// resize up to it never makes a full queue larger than 2 MiB.
+    #[test]
+    fn reply_marks_are_sized_for_the_ceiling_of_the_start() {
+        let mut cfg = crate::config::Config::default();
+        cfg.settings.engines.max_dp_size = Some(256);
+        let dp = cfg.settings.engines.dp_ceiling();
+        assert_eq!(dp, 256);
+        assert_eq!(reply_hwm(max_reply_bytes(Channel::Route, dp, cfg.settings.limits.max_batch)), 25);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use super::Coordinator;
-use crate::config::{Config, ConfigError, Server};
+use crate::config::{keys, Config, ConfigError, Server, Settings};
 use crate::io::access::Allowlist;
 use crate::observability::metrics::ReloadResult;
 use crate::wire::{self, Admin, ErrorCode, Id, OwnedId, SourceLimits, WireError};
@@ -31,6 +31,32 @@ pub enum Answered {
 /// the peer caps; the rest needs a restart).
 pub(super) struct Reloadable {
     server: Server,
+    /// The `limits.max_batch` the reply queues were sized for at start.
+    sized_batch: u32,
+}
+
+/// The key of a reload that would make replies larger than the route and
+/// health sockets' queues were sized for at start (`ceiling` ranks,
+/// `sized_batch` placements), with why; `None` if it fits.
+fn reply_size_key(settings: &Settings, ceiling: u32, sized_batch: u32) -> Option<String> {
+    let (dp_size, max_dp_size) = (settings.engines.dp_size, settings.engines.max_dp_size);
+    if max_dp_size.is_some_and(|m| m != ceiling) {
+        Some(format!("{}: the reply queues are sized for {ceiling} ranks at start", keys::MAX_DP_SIZE.key.path()))
+    } else if dp_size > ceiling {
+        Some(format!(
+            "{} {dp_size} is above {} = {ceiling}, which the reply queues are sized for at start",
+            keys::DP_SIZE.key.path(),
+            keys::MAX_DP_SIZE.key.path()
+        ))
+    } else if settings.limits.max_batch > sized_batch {
+        Some(format!(
+            "{} {} is above {sized_batch}, which the reply queues are sized for at start",
+            keys::MAX_BATCH.key.path(),
+            settings.limits.max_batch
+        ))
+    } else {
+        None
+    }
 }
 
 /// The first key of `server` that differs in a way only a restart can apply
@@ -86,7 +112,7 @@ impl Coordinator {
     /// again; `server` is what the sockets were opened with. Without it a
     /// `reload` is refused at once.
     pub fn with_server(mut self, server: Server) -> Self {
-        self.config = Some(Reloadable { server });
+        self.config = Some(Reloadable { server, sized_batch: self.limits.max_batch });
         self
     }
 
@@ -166,6 +192,9 @@ impl Coordinator {
             .or_else(|| socket_limit_key(&self.sources, &super::source_limits(&cfg.settings)))
         {
             return Err((ReloadResult::RestartRequired, format!("{key}: cannot change without a restart")));
+        }
+        if let Some(why) = reply_size_key(&cfg.settings, self.limits.max_dp_size, reloadable.sized_batch) {
+            return Err((ReloadResult::RestartRequired, format!("{why}: cannot change without a restart")));
         }
         reloadable.server = cfg.server;
         self.reload(cfg.settings, now);

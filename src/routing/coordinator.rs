@@ -62,9 +62,12 @@ pub struct Coordinator {
     reload_asked: Option<Option<wire::OwnedId>>,
 }
 
-fn limits(s: &Settings) -> QueryLimits {
+/// The query limits of `s`; `max_dp_size` is the ceiling of the start,
+/// which no reload changes (the reply queues were sized for it).
+fn limits(s: &Settings, max_dp_size: u32) -> QueryLimits {
     QueryLimits {
         dp_size: s.engines.dp_size,
+        max_dp_size,
         max_batch: s.limits.max_batch,
         max_message_bytes: s.limits.max_message_bytes,
         max_prompt_tokens: s.limits.max_prompt_tokens,
@@ -89,7 +92,7 @@ impl Coordinator {
         let c = Coordinator {
             tick_every: settings.routing.tick,
             config: None,
-            limits: limits(settings),
+            limits: limits(settings, settings.engines.dp_ceiling()),
             sources: source_limits(settings),
             next_tick: now + settings.routing.tick,
             engines: EngineTable::new(settings),
@@ -153,7 +156,7 @@ impl Coordinator {
         self.resize(settings.engines.dp_size);
         self.engines.reload(&settings);
         self.user.reload(&settings, now);
-        self.limits = limits(&settings);
+        self.limits = limits(&settings, self.limits.max_dp_size);
         self.sources = source_limits(&settings);
         self.kv.reload(&settings.kv, settings.memory.events_index);
         self.memory.budget(&settings.memory);
@@ -199,6 +202,11 @@ impl Coordinator {
 
     /// The limits a source message is decoded with (`wire::decode_source`),
     /// for a decoder on another thread.
+    /// The largest `dp_size` this process can reach without a restart.
+    pub fn dp_ceiling(&self) -> u32 {
+        self.limits.max_dp_size
+    }
+
     pub fn source_limits(&self) -> SourceLimits {
         self.sources
     }

@@ -132,11 +132,12 @@ fn verdict(arms: &[ArmResult]) -> (String, Option<String>) {
 /// Runs the scale-up and scale-down under every policy.
 pub fn elastic(a: &SimArgs) -> Result<Outcome, SimError> {
     let spec = spec(a);
+    let (start, up, down) = sizes(a.ranks);
     let mut results = Vec::new();
     for policy in &policies(a) {
-        results.push(run_arm(&spec, &DaemonSettings::defaults(a.ranks, policy), a)?);
+        let settings = DaemonSettings { max_ranks: up, ..DaemonSettings::defaults(a.ranks, policy) };
+        results.push(run_arm(&spec, &settings, a)?);
     }
-    let (start, up, down) = sizes(a.ranks);
     let title = format!("elastic: dpcoord's table resized {start} -> {up} -> {down} ranks under load");
     let mut text = format!(
         "{title}\n{}\ninput tok/s: prompt tokens prefilled in the phase per second; ttft: requests sent in the phase; \

@@ -50,6 +50,8 @@ impl Drop for PrivateDir {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DaemonSettings {
     pub ranks: u32,
+    /// `engines.max_dp_size`: the most ranks a `resize` may set (0: `ranks`).
+    pub max_ranks: u32,
     pub policy: String,
     pub stale_after_ms: u64,
     pub down_after_ms: u64,
@@ -75,6 +77,7 @@ impl DaemonSettings {
     pub fn defaults(ranks: u32, policy: &str) -> DaemonSettings {
         DaemonSettings {
             ranks,
+            max_ranks: keys::MAX_DP_SIZE.default as u32,
             policy: policy.to_owned(),
             stale_after_ms: keys::STALE_AFTER_MS.default,
             down_after_ms: keys::DOWN_AFTER_MS.default,
@@ -99,6 +102,7 @@ impl DaemonSettings {
         keys::STATS_BIND.key.set(&mut t, s(&eps.stats));
         keys::METRICS_BIND.key.set(&mut t, s(&self.metrics_bind));
         keys::DP_SIZE.key.set(&mut t, i(self.ranks.into()));
+        keys::MAX_DP_SIZE.key.set(&mut t, i(self.max_ranks.into()));
         keys::STALE_AFTER_MS.key.set(&mut t, i(self.stale_after_ms));
         keys::DOWN_AFTER_MS.key.set(&mut t, i(self.down_after_ms));
         keys::STALL_AFTER_MS.key.set(&mut t, i(self.stall_after_ms));

@@ -9,7 +9,7 @@
 use super::msgpack::{Reader, Value};
 use super::prompt::{decode_prompt, scan_array, ArrayKind, Prompt, PromptFields};
 use super::{ErrorCode, Id, WireError};
-use crate::config::keys::{check_query_work, DP_SIZE};
+use crate::config::keys::{check_query_work, DP_SIZE, MAX_DP_SIZE as MAX_DP_SIZE_KEY};
 use crate::engines::Target;
 
 /// The largest rank count a `resize` may ask for (`engines.dp_size`'s bound).
@@ -96,6 +96,9 @@ pub struct Query<'a, O> {
 #[derive(Debug, Clone, Copy)]
 pub struct QueryLimits {
     pub dp_size: u32,
+    /// The largest `dp_size` a `resize` may set (`engines.max_dp_size`, or
+    /// the `dp_size` of the start).
+    pub max_dp_size: u32,
     pub max_batch: u32,
     pub max_message_bytes: usize,
     /// `limits.max_prompt_tokens`.
@@ -289,13 +292,20 @@ fn decode_report<'a>(f: &Fields<'a>, dp_size: u32) -> Result<HealthOp<'a>, WireE
     Ok(HealthOp::Probe(Probe::Report { rank, ok }))
 }
 
-/// A rank count within `engines.dp_size`'s bounds whose work with the
-/// current `max_batch` stays within [`crate::config::keys::MAX_QUERY_WORK`].
-fn decode_resize(f: &Fields<'_>, max_batch: u32) -> Result<u32, WireError> {
+/// A rank count within `engines.dp_size`'s bounds and the ceiling of the
+/// start, whose work with the current `max_batch` stays within
+/// [`crate::config::keys::MAX_QUERY_WORK`].
+fn decode_resize(f: &Fields<'_>, lim: &QueryLimits) -> Result<u32, WireError> {
     let max = u64::from(MAX_DP_SIZE);
     match f.dp_size.map(|v| uint("dp_size", v)).transpose()? {
+        Some(n) if n > u64::from(lim.max_dp_size) && n <= max => Err(bad(format!(
+            "`dp_size` {n} is above {} = {}: the reply queues are sized for it at start; \
+             raise it and restart to grow further",
+            MAX_DP_SIZE_KEY.key.path(),
+            lim.max_dp_size
+        ))),
         Some(n) if (1..=max).contains(&n) => {
-            check_query_work(n as u32, max_batch).map_err(|why| bad(format!("`dp_size`: {why}")))?;
+            check_query_work(n as u32, lim.max_batch).map_err(|why| bad(format!("`dp_size`: {why}")))?;
             Ok(n as u32)
         }
         Some(n) => Err(bad(format!("`dp_size` must be between 1 and {max}, got {n}"))),
@@ -349,7 +359,7 @@ fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<Health
         "state" => Ok(HealthOp::State),
         "health_route" => decode_target(f, lim.dp_size).map(|t| HealthOp::Probe(Probe::Route(t))),
         "health_report" => decode_report(f, lim.dp_size),
-        "resize" => decode_resize(f, lim.max_batch).map(|n| HealthOp::Admin(Admin::Resize(n))),
+        "resize" => decode_resize(f, lim).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
         "prefix" => decode_prefix(f, lim),
         "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),

@@ -3,8 +3,13 @@
 use super::*;
 use std::collections::BTreeMap;
 
-const LIM: QueryLimits =
-    QueryLimits { dp_size: 8, max_batch: 1024, max_message_bytes: 65536, max_prompt_tokens: 262_144 };
+const LIM: QueryLimits = QueryLimits {
+    dp_size: 8,
+    max_dp_size: 1024,
+    max_batch: 1024,
+    max_message_bytes: 65536,
+    max_prompt_tokens: 262_144,
+};
 
 /// Encodes a map from (key, value) pairs of any serializable values.
 fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
@@ -197,6 +202,19 @@ fn admin_ops_on_the_health_socket_only() {
     assert_eq!(decode_health_query(&bytes, &small).map(|q| q.op), Ok(HealthOp::Admin(Admin::Resize(1024))));
     let bytes = q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", 1025.into())]);
     assert_eq!(decode_health_query(&bytes, &small).map(|_| ()).unwrap_err().error.code, ErrorCode::BadRequest);
+    // The ceiling of the start: up to it, and not one rank above.
+    let capped = QueryLimits { max_dp_size: 12, ..LIM };
+    let to = |n: u32| q(&[("v", 1.into()), ("op", "resize".into()), ("dp_size", n.into())]);
+    assert_eq!(decode_health_query(&to(12), &capped).map(|q| q.op), Ok(HealthOp::Admin(Admin::Resize(12))));
+    let refused = decode_health_query(&to(13), &capped).map(|_| ()).unwrap_err().error;
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (
+            ErrorCode::BadRequest,
+            "`dp_size` 13 is above engines.max_dp_size = 12: the reply queues are sized for it at start; \
+             raise it and restart to grow further"
+        )
+    );
     assert_eq!(resize(0.into()), Err(ErrorCode::BadRequest));
     assert_eq!(resize("8".into()), Err(ErrorCode::BadRequest));
     assert_eq!(h(&[("v", 1.into()), ("op", "resize".into())]), Err(ErrorCode::BadRequest));
