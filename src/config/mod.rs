@@ -9,14 +9,16 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::io::access::Allowlist;
-pub use crate::routing::PolicyKind;
+pub use allowlist::Allowlist;
+pub use policy::PolicyKind;
 
+mod allowlist;
 mod binds;
 pub mod budget;
 mod flags;
 pub mod keys;
 mod parse;
+mod policy;
 pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;

@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
+use super::Allowlist;
 use super::{
     err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty, PolicyKind,
     PrefixMode, Routing, Server, Sessions,
 };
-use crate::io::access::Allowlist;
 
 #[path = "kv.rs"]
 mod kv;

@@ -1,4 +1,5 @@
-//! Peer allowlists for TCP sockets, enforced through libzmq's ZAP handler.
+//! Peer allowlists for TCP sockets ([`crate::config::Allowlist`]), enforced
+//! through libzmq's ZAP handler.
 //!
 //! libzmq asks a ZAP handler (a REP socket on `inproc://zeromq.zap.01`)
 //! about every new connection to a socket that has a ZAP domain. dpcoord
@@ -9,43 +10,6 @@
 //! cap (`io::peers`), 400 otherwise. This module parses requests and builds
 //! replies; the transport owns the socket. The vendored libzmq has no CURVE,
 //! so traffic itself is not encrypted: use network policy for the rest.
-
-use std::net::IpAddr;
-
-use ipnet::IpNet;
-
-/// The networks a socket admits; empty means no check.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allowlist(Vec<IpNet>);
-
-impl Allowlist {
-    /// Parses `"10.0.0.0/8"`, `"127.0.0.1"` (one host) or IPv6 forms.
-    pub fn parse(items: &[String]) -> Result<Allowlist, String> {
-        items
-            .iter()
-            .map(|s| {
-                s.parse::<IpNet>()
-                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| format!("`{s}` is not an IP address or CIDR network"))
-            })
-            .collect::<Result<_, _>>()
-            .map(Allowlist)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether a peer at `addr` (as ZAP reports it) may connect.
-    pub fn allows(&self, addr: &str) -> bool {
-        let Ok(ip) = addr.parse::<IpAddr>() else { return false };
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        self.0.iter().any(|net| net.contains(&ip))
-    }
-}
 
 /// The fields of a ZAP request that the decision needs (RFC 27).
 #[derive(Debug, PartialEq, Eq)]
@@ -101,24 +65,6 @@ pub fn reply(request_id: &[u8], verdict: Verdict) -> [Vec<u8>; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn list(items: &[&str]) -> Allowlist {
-        Allowlist::parse(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
-    }
-
-    #[test]
-    fn hosts_networks_and_mapped_addresses() {
-        let l = list(&["127.0.0.2", "10.0.0.0/8", "fd00::/8"]);
-        assert!(l.allows("127.0.0.2"));
-        assert!(!l.allows("127.0.0.1"));
-        assert!(l.allows("10.20.30.40"));
-        assert!(l.allows("::ffff:10.1.1.1"));
-        assert!(l.allows("fd12::1"));
-        assert!(!l.allows("fe80::1"));
-        assert!(!l.allows("not-an-ip"));
-        assert!(Allowlist::parse(&["10.0.0.0/33".to_string()]).is_err());
-        assert!(Allowlist::default().is_empty());
-    }
 
     #[test]
     fn zap_request_and_reply_frames() {

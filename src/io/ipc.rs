@@ -15,20 +15,23 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::config::keys;
+
 /// The config key whose endpoint the socket named `socket` (as the
 /// transport names it) binds or connects to; `None` for dpcoord's own
 /// inproc sockets.
-fn key_of(what: &str, socket: &str) -> Option<&'static str> {
-    Some(match (what, socket) {
-        ("bind", "route") => "server.route_bind",
-        ("bind", "health") => "server.health_bind",
-        ("bind", "stats") => "server.stats_bind",
-        ("connect", "stats") => "server.stats_connect",
-        ("connect", "sglang_load") => "engines.sglang_load_connect",
-        ("connect", "kv_events") => "kv_events.connect",
-        ("connect", "kv_replay") => "kv_events.replay",
+fn key_of(what: &str, socket: &str) -> Option<String> {
+    let key = match (what, socket) {
+        ("bind", "route") => &keys::ROUTE_BIND.key,
+        ("bind", "health") => &keys::HEALTH_BIND.key,
+        ("bind", "stats") => &keys::STATS_BIND.key,
+        ("connect", "stats") => &keys::STATS_CONNECT.key,
+        ("connect", "sglang_load") => &keys::SGLANG_LOAD_CONNECT.key,
+        ("connect", "kv_events") => &keys::KV_CONNECT.key,
+        ("connect", "kv_replay") => &keys::KV_REPLAY.key,
         _ => return None,
-    })
+    };
+    Some(key.path())
 }
 
 /// What to do about `source` at `endpoint`, as a clause to append.
@@ -72,7 +75,7 @@ pub fn listen_is_config_error(source: &std::io::Error) -> bool {
 
 /// The mode could not be set: start-up fails with this one line.
 #[derive(Debug, thiserror::Error)]
-#[error("server.ipc_mode: cannot set mode {mode:04o} on {path}: {source}")]
+#[error("{}: cannot set mode {mode:04o} on {path}: {source}", keys::IPC_MODE.key.path())]
 pub struct ModeError {
     pub mode: u32,
     pub path: String,

@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
+use super::error::{endpoint_err, TransportError};
+use super::monitor::monitor;
 use super::peers::event_of;
-use super::sockets::{self, Source, TransportError};
+use super::source::Source;
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::SourceKind;
@@ -69,8 +71,8 @@ pub fn connect(
     let name = kind.as_str();
     let inproc = format!("inproc://dpcoord.links.{source}");
     let events = AT_WORK.iter().fold(DISCONNECTED as i32, |all, &e| all | e as i32);
-    let monitor = sockets::monitor(ctx, s, &inproc, events, EVENT_HWM, name)?;
-    s.connect(endpoint).map_err(sockets::endpoint_err("connect", name, endpoint))?;
+    let monitor = monitor(ctx, s, &inproc, events, EVENT_HWM, name)?;
+    s.connect(endpoint).map_err(endpoint_err("connect", name, endpoint))?;
     let kv_stream = match kind {
         SourceKind::KvEvents { stream, replay: false } => Some(stream),
         _ => None,

@@ -28,8 +28,9 @@ use std::time::Instant;
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use super::error::TransportError;
+use super::monitor::monitor;
 use super::peer_sources::{BySource, Source};
-use super::sockets::{monitor, TransportError};
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 

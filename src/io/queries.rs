@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::{sock_err, TransportError};
 use super::frames::{Drops, Frames, Parsed};
-use crate::io::reload::{Reloads, Waiter};
-use crate::io::sockets::{sock_err, TransportError};
+use super::reload::{Reloads, Waiter};
 use crate::routing::{Answered, Coordinator};
 use crate::wire::{Channel, OwnedId, WireError};
 

@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::sockets::{sock_err, TransportError};
+use super::error::{sock_err, TransportError};
 use crate::config::Server;
 use crate::observability::metrics::{ScrapeResult, Scrapes};
 use crate::observability::ratelimit::LogLimiter;

@@ -2,10 +2,13 @@
 //! in-process PULL among them), the route and health ROUTERs, and the ZAP
 //! handler behind peer allowlists and caps, with the monitors that count peers.
 
+pub use super::error::TransportError;
+use super::error::{endpoint_err, sock_err};
+use super::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
 use super::links::{self, Link};
 use super::peers::{self, Monitor};
 use super::scrape;
-use super::transport::frames::{MAX_ENVELOPE_FRAMES, MAX_ENVELOPE_FRAME_BYTES};
+use super::source::Source;
 use crate::config::budget::{KV_LINK_BYTES, SOURCE_LINK_BYTES};
 use crate::config::{Config, Server};
 use crate::wire::{Channel, SourceKind};
@@ -59,60 +62,6 @@ pub const HANDSHAKE_MS: i32 = 5000;
 const BACKLOG: i32 = 1024;
 /// libzmq's fixed ZAP endpoint.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
-
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    #[error("{}", crate::io::ipc::endpoint_error(.what, .socket, .endpoint, .source))]
-    Endpoint { what: &'static str, socket: &'static str, endpoint: String, source: zmq::Error },
-    #[error("cannot start the coordinator thread: {0}")]
-    Thread(std::io::Error),
-    #[error("cannot start a scraper thread: {0}")]
-    ScrapeThread(std::io::Error),
-    #[error("cannot start the KV decoder thread: {0}")]
-    DecodeThread(std::io::Error),
-    #[error("zeromq error on the {socket} socket: {source}")]
-    Socket { socket: &'static str, source: zmq::Error },
-    #[error(transparent)]
-    IpcMode(#[from] crate::io::ipc::ModeError),
-}
-
-pub(super) fn sock_err(socket: &'static str) -> impl Fn(zmq::Error) -> TransportError {
-    move |source| TransportError::Socket { socket, source }
-}
-
-pub(super) fn endpoint_err(
-    what: &'static str,
-    socket: &'static str,
-    endpoint: &str,
-) -> impl FnOnce(zmq::Error) -> TransportError {
-    let endpoint = endpoint.to_owned();
-    move |source| TransportError::Endpoint { what, socket, endpoint, source }
-}
-
-/// Asks libzmq to report `events` of `s` on `inproc`, and connects the PAIR
-/// socket that reads them, queueing at most `hwm` messages (two per event).
-/// Called before `s` binds or connects, so no event goes unseen.
-pub(super) fn monitor(
-    ctx: &zmq::Context,
-    s: &zmq::Socket,
-    inproc: &str,
-    events: i32,
-    hwm: i32,
-    name: &'static str,
-) -> Result<zmq::Socket, TransportError> {
-    s.monitor(inproc, events).map_err(sock_err(name))?;
-    let m = ctx.socket(zmq::PAIR).map_err(sock_err(name))?;
-    m.set_rcvhwm(hwm).map_err(sock_err(name))?;
-    m.set_linger(0).map_err(sock_err(name))?;
-    m.connect(inproc).map_err(sock_err(name))?;
-    Ok(m)
-}
-
-/// One engine source: a SUB socket and the format it carries.
-pub struct Source {
-    pub socket: zmq::Socket,
-    pub kind: SourceKind,
-}
 
 pub struct Sockets {
     // Field order matters: sockets close before the context drops.

@@ -12,17 +12,19 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::error::{sock_err, TransportError};
 use super::fds::Budget;
+use super::frames::{Drops, Frames};
 use super::kv_decode::{self, KvDecoder};
 use super::links::{Link, Relinks};
 use super::peers::{Monitor, Peers};
+use super::queries::{answer_along, drain_queries, serve_one, Queries, HEALTH_BUDGET};
 use super::reload::{ConfigSource, Reloads};
-use super::sockets::{sock_err, Sockets, Source, TransportError};
+use super::sockets::Sockets;
+use super::source::Source;
 use super::zap::{self, Gate};
 use crate::routing::Coordinator;
 use crate::wire::{Channel, SourceKind};
-use frames::{Drops, Frames};
-use queries::{answer_along, drain_queries, serve_one, Queries, HEALTH_BUDGET};
 
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
@@ -327,8 +329,3 @@ pub fn serve(
         }
     }
 }
-
-#[path = "frames.rs"]
-pub(super) mod frames;
-#[path = "queries.rs"]
-mod queries;

@@ -11,8 +11,8 @@
 use std::time::Instant;
 
 use super::Coordinator;
+use crate::config::Allowlist;
 use crate::config::{keys, Config, ConfigError, Server, Settings};
-use crate::io::access::Allowlist;
 use crate::observability::metrics::ReloadResult;
 use crate::wire::{self, Admin, ErrorCode, Id, OwnedId, SourceLimits, WireError};
 
