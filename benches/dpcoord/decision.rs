@@ -183,7 +183,7 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         &mut (),
         |_, chunk| {
             for r in 0..chunk as u32 {
-                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1);
+                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1, None);
                 black_box(&out);
             }
         },
