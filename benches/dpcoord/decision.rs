@@ -108,8 +108,14 @@ impl Fleet {
 /// Median ns of one `Coordinator::place` placement.
 fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
     let cfg = config(dp, policy);
-    let req =
-        RouteRequest { n: 1, prompt_tokens: Some(PROMPT_TOKENS), target: Target::Policy, session: None, prompt: None };
+    let req = RouteRequest {
+        n: 1,
+        prompt_tokens: Some(PROMPT_TOKENS),
+        target: Target::Policy,
+        session: None,
+        prompt: None,
+        explain: false,
+    };
     let mut out = Vec::with_capacity(1);
     budget.median_ns(
         &mut Fleet::new(&cfg, Instant::now()),
@@ -189,7 +195,7 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         &mut (),
         |_, chunk| {
             for r in 0..chunk as u32 {
-                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1);
+                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1, None);
                 black_box(&out);
             }
         },

@@ -272,3 +272,20 @@ fn siblings_land_together_until_events_confirm_or_the_placement_expires() {
     c.tick(Instant::now() + Duration::from_secs(3));
     assert!(c.prefix.recent_is_empty(), "forgotten after pending_ttl_ms");
 }
+
+/// `explain` names where each rank's match came from: a degraded rank's
+/// events give no credit (`degraded` in `events` mode, dpcoord's own
+/// placements in `auto` mode), an exact one's do (`events`).
+#[test]
+fn explain_names_the_index_each_prediction_came_from() {
+    for (mode, degraded) in [(PrefixMode::Events, "degraded"), (PrefixMode::Auto, "approximate")] {
+        let mut c = coordinator(4, 4.0, mode);
+        store(&mut c, 0, 2, 4);
+        let pinned = json!({"v": 1, "op": "route", "tokens": PROMPT, "rank": 2, "explain": true});
+        let r = ask(&mut c, Channel::Route, pinned.clone());
+        assert_eq!(r["explain"], json!({"best": 16, "chosen": [{"rank": 2, "predicted": 16, "index": "events"}]}));
+        c.kv_new_session(0);
+        let r = ask(&mut c, Channel::Route, pinned);
+        assert_eq!(r["explain"], json!({"best": 0, "chosen": [{"rank": 2, "predicted": 0, "index": degraded}]}));
+    }
+}

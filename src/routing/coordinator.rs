@@ -16,6 +16,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::explain::Explained;
 use super::kv::KvStreams;
 use super::prefix::PrefixRouting;
 use super::published::Published;
@@ -26,6 +27,7 @@ use crate::health::{HealthDispatcher, Served};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
 use crate::observability::memory_metrics::MemoryMetrics;
 use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
+use crate::observability::prefix_metrics::PrefixMetrics;
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
     self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError, SourceKind,
@@ -50,6 +52,9 @@ pub struct Coordinator {
     /// approximate index.
     prefix: PrefixRouting,
     memory: MemoryMetrics,
+    /// What the last route predicted was cached, and the predictions' metrics.
+    explained: Explained,
+    predictions: PrefixMetrics,
     /// Rate limit of the dropped-update warning, per `StatsResult`.
     drops: LogLimiter<{ StatsResult::ALL.len() }>,
     /// Reused buffer for the ranks of one route answer.
@@ -106,6 +111,8 @@ impl Coordinator {
             ),
             prefix: PrefixRouting::new(settings),
             memory: MemoryMetrics::new(&metrics.registry, &settings.memory),
+            explained: Explained::default(),
+            predictions: PrefixMetrics::new(&metrics.registry, settings.engines.dp_size),
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
@@ -182,6 +189,7 @@ impl Coordinator {
         self.metrics.resize(dp_size);
         self.kv.resize(dp_size);
         self.prefix.resize(dp_size);
+        self.predictions.resize(dp_size);
         self.limits.dp_size = dp_size;
     }
 
@@ -337,8 +345,10 @@ impl Coordinator {
     }
 
     /// Places one decoded route request: its ranks land in `out`. On error
-    /// nothing changed.
+    /// nothing changed. A placement weighed against the prompt's cached
+    /// prefix is explained ([`Explained`]).
     pub fn place(&mut self, req: &RouteRequest<'_>, now: Instant, out: &mut Vec<u32>) -> Result<(), Unroutable> {
+        self.explained.clear();
         let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
         let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
         let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
@@ -348,8 +358,11 @@ impl Coordinator {
         // Recent placements count for `cache_aware` only: `lmetric` is the
         // field's scorer as published, the baseline to beat.
         let siblings = self.user.policy() == super::PolicyKind::CacheAware;
+        let mode = self.prefix.mode();
         let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
+        let source = |r| PrefixRouting::source(mode, &self.kv, r);
+        self.explained.record(&view, out, &self.engines, source, &self.predictions);
         // What a policy pick will leave in the rank's cache (approximate mode).
         if req.target == Target::Policy && req.session.is_none() {
             let mut last = None;
@@ -381,10 +394,15 @@ impl Coordinator {
                     for &r in &placed {
                         self.metrics.ranks[r as usize].routed_user.inc();
                     }
-                    wire::encode_ranks(out, id, &placed, epoch);
+                    let explain = if req.explain { self.explained.reply() } else { None };
+                    wire::encode_ranks(out, id, &placed, epoch, explain);
                 }
                 self.placed = placed;
                 result?;
+            }
+            RouteOp::Delivered(d) => {
+                self.predictions.delivered(&d);
+                wire::encode_ok(out, id, None);
             }
         }
         Ok(())

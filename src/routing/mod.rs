@@ -6,6 +6,7 @@
 //! the published snapshot and the policy names are public.
 
 mod coordinator;
+mod explain;
 mod export;
 mod kv;
 mod ledger;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::kv::KvStreams;
 use crate::config::{PrefixMode, Settings};
 use crate::engines::prefix::{keys, ApproxIndex};
-use crate::wire::Prompt;
+use crate::wire::{PrefixSource, Prompt};
 
 /// The block size used before any KV event taught the engines' own (the
 /// approximate index's granularity; vLLM's default).
@@ -35,6 +35,11 @@ pub struct PrefixView<'a> {
 }
 
 impl PrefixView<'_> {
+    /// The prompt tokens predicted cached on `rank`: those it would not prefill.
+    pub fn cached(&self, rank: u32) -> u64 {
+        self.prompt_tokens - self.uncached(rank)
+    }
+
     /// The tokens rank `rank` would have to prefill.
     pub fn uncached(&self, rank: u32) -> u64 {
         let size = self.sizes.get(rank as usize).map_or(self.block_size, |&s| u64::from(s));
@@ -189,6 +194,21 @@ impl PrefixRouting {
                     *m = self.other_matched[r];
                 }
             }
+        }
+    }
+
+    pub fn mode(&self) -> PrefixMode {
+        self.mode
+    }
+
+    /// Where rank `rank`'s matches come from in `mode`, as
+    /// [`PrefixRouting::lookup`] takes them.
+    pub fn source(mode: PrefixMode, kv: &KvStreams, rank: u32) -> PrefixSource {
+        match mode {
+            PrefixMode::Approximate => PrefixSource::Approximate,
+            PrefixMode::Auto if !Self::events_trusted(kv, rank) => PrefixSource::Approximate,
+            PrefixMode::Events if kv.degraded(rank) => PrefixSource::Degraded,
+            PrefixMode::Auto | PrefixMode::Events => PrefixSource::Events,
         }
     }
 

@@ -1,11 +1,12 @@
 //! The largest reply each query socket can send, in bytes, for the limits
 //! in force: with `id` and error messages capped, only `state` and `prefix`
-//! (which grow with `dp_size`) and `route` (which grows with `max_batch`)
-//! are more than a few hundred bytes. The transport sizes each socket's
+//! (which grow with `dp_size`) and `route` (which grows with `max_batch`,
+//! and its `explain` with the distinct ranks placed on) are more than a few
+//! hundred bytes. The transport sizes each socket's
 //! send queue from it (docs/PROTOCOL.md §1, "Queues").
 
 use super::query::MAX_ID_BYTES;
-use super::reply::{self, Instance, RankView, StateView, MAX_ERROR_MESSAGE_BYTES};
+use super::reply::{self, Chosen, Explain, Instance, PrefixSource, RankView, StateView, MAX_ERROR_MESSAGE_BYTES};
 use super::{Channel, ErrorCode, Id, WireError};
 use crate::engines::kv::Medium;
 use crate::engines::Counts;
@@ -69,6 +70,27 @@ pub fn max_state_bytes(dp_size: u32, id: &str) -> usize {
     one - per_rank + per_rank * dp_size as usize + ARRAY_GROWTH
 }
 
+/// The route reply's size with no rank and an `explain` of `chosen`
+/// worst-case entries.
+fn route_bytes(chosen: usize, id: &str) -> usize {
+    let longest = PrefixSource::ALL.into_iter().max_by_key(|s| s.as_str().len()).unwrap_or(PrefixSource::Approximate);
+    let entries = vec![Chosen { rank: u32::MAX, predicted: u64::MAX, index: longest }; chosen];
+    let mut out = Vec::new();
+    reply::encode_ranks(&mut out, Some(Id::Str(id)), &[], u64::MAX, Some(Explain { best: u64::MAX, chosen: &entries }));
+    out.len()
+}
+
+/// The largest route reply: `max_batch` ranks below `dp_size`, and an
+/// `explain` entry for each distinct one (the `chosen` array's header
+/// growth included; the caller adds the `ranks` array's).
+fn max_route_bytes(dp_size: u32, max_batch: u32, id: &str) -> usize {
+    let (none, one) = (route_bytes(0, id), route_bytes(1, id));
+    let distinct = dp_size.min(max_batch) as usize;
+    none + max_batch as usize * uint_bytes(u64::from(dp_size.saturating_sub(1)))
+        + distinct * (one - none)
+        + ARRAY_GROWTH
+}
+
 /// The encoded size of an unsigned integer below `max` (MessagePack's widths).
 fn uint_bytes(max: u64) -> usize {
     match max {
@@ -94,11 +116,7 @@ pub fn max_reply_bytes(ch: Channel, dp_size: u32, max_batch: u32) -> usize {
     let id = longest_id();
     let mut out = Vec::new();
     let grown = match ch {
-        Channel::Route => {
-            // A route reply of no ranks, then each of `max_batch` ranks below dp_size.
-            reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX);
-            out.len() + max_batch as usize * uint_bytes(u64::from(dp_size.saturating_sub(1)))
-        }
+        Channel::Route => max_route_bytes(dp_size, max_batch, &id),
         Channel::Health => {
             // A prefix reply: one count per rank, each at most 2^32.
             reply::encode_prefix(&mut out, Some(Id::Str(&id)), usize::MAX, &[]);
@@ -127,9 +145,13 @@ mod tests {
     fn route_and_prefix_bounds_hold_for_real_encodings() {
         let id = longest_id();
         let mut out = Vec::new();
-        let ranks = vec![1023u32; 1024];
-        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX);
+        let ranks: Vec<u32> = (0..1024).collect();
+        let chosen: Vec<Chosen> =
+            ranks.iter().map(|&rank| Chosen { rank, predicted: u64::MAX, index: PrefixSource::Approximate }).collect();
+        let explain = Explain { best: u64::MAX, chosen: &chosen };
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX, Some(explain));
         assert!(out.len() <= max_reply_bytes(Channel::Route, 1024, 1024));
+        assert!(out.len() + 1024 * 3 >= max_route_bytes(1024, 1024, &id), "{}", out.len());
         let matched = vec![u32::MAX; 4096];
         reply::encode_prefix(&mut out, Some(Id::Str(&id)), usize::MAX, &matched);
         assert!(out.len() <= max_reply_bytes(Channel::Health, 4096, 1));
@@ -141,10 +163,15 @@ mod tests {
         assert_eq!(max_reply_bytes(Channel::Route, 8, 1024), 2749);
         assert_eq!(max_reply_bytes(Channel::Health, 8, 1024), 2749);
         assert_eq!(max_state_bytes(9, &longest_id()) - max_state_bytes(8, &longest_id()), 312);
-        // 65,536 ranks of one byte each (all below 128) outgrow the state of 8.
+        // 65,536 ranks of one byte each (all below 128), and an `explain`
+        // entry of 48 bytes at most for each of the 8 ranks, outgrow the state of 8.
         let id = longest_id();
+        assert_eq!(route_bytes(1, &id) - route_bytes(0, &id), 48);
+        let base = route_bytes(0, &id);
+        assert_eq!(max_reply_bytes(Channel::Route, 8, 65_536), base + 65_536 + 8 * 48 + 2 * ARRAY_GROWTH);
+        // The reply without `explain` is 31 bytes shorter.
         let mut out = Vec::new();
-        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX);
-        assert_eq!(max_reply_bytes(Channel::Route, 8, 65_536), out.len() + 65_536 + ARRAY_GROWTH);
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX, None);
+        assert_eq!(base - out.len(), 31);
     }
 }

@@ -42,6 +42,17 @@ pub enum RouteOp<'a> {
     Ping,
     State,
     Route(RouteRequest<'a>),
+    /// `delivered`: what an engine delivered of a prediction.
+    Delivered(Delivered),
+}
+
+/// A `delivered` report: the prompt tokens predicted cached on `rank` (as
+/// an `explain` reply gave them) and those the engine served from its cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub rank: u32,
+    pub predicted: u64,
+    pub delivered: u64,
 }
 
 /// A query on the health socket. A different type from [`RouteOp`], so a
@@ -83,6 +94,8 @@ pub struct RouteRequest<'a> {
     pub session: Option<&'a str>,
     /// The prompt, for `cache_aware` (and its length when `prompt_tokens` is absent).
     pub prompt: Option<Prompt<'a>>,
+    /// `explain`: the reply carries what the policy predicted was cached.
+    pub explain: bool,
 }
 
 /// A decoded query: its id and its op (`RouteOp` or `HealthOp`).
@@ -118,6 +131,9 @@ struct Fields<'a> {
     session: Option<Value<'a>>,
     ok: Option<Value<'a>>,
     dp_size: Option<Value<'a>>,
+    explain: Option<Value<'a>>,
+    predicted: Option<Value<'a>>,
+    delivered: Option<Value<'a>>,
     /// The whole encoded values of `tokens` and `block_keys` (arrays, read later).
     prompt: PromptFields<'a>,
 }
@@ -189,6 +205,9 @@ fn read_fields<'a>(bytes: &'a [u8], f: &mut Fields<'a>) -> Result<(), WireError>
             "session" => &mut f.session,
             "ok" => &mut f.ok,
             "dp_size" => &mut f.dp_size,
+            "explain" => &mut f.explain,
+            "predicted" => &mut f.predicted,
+            "delivered" => &mut f.delivered,
             "lora" => &mut f.prompt.lora,
             "salt" => &mut f.prompt.salt,
             _ => continue, // unknown keys are ignored
@@ -271,7 +290,23 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a
         Some(other) => return Err(bad(format!("`session` must be a string, got {}", other.type_name()))),
     };
     let prompt = decode_prompt(&f.prompt, lim.max_prompt_tokens)?;
-    Ok(RouteRequest { n, prompt_tokens, target, session, prompt })
+    let explain = match f.explain {
+        None => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => return Err(bad(format!("`explain` must be a boolean, got {}", other.type_name()))),
+    };
+    Ok(RouteRequest { n, prompt_tokens, target, session, prompt, explain })
+}
+
+fn needed<'a>(name: &str, v: Option<Value<'a>>) -> Result<Value<'a>, WireError> {
+    v.ok_or_else(|| bad(format!("`delivered` needs `{name}`")))
+}
+
+fn decode_delivered(f: &Fields<'_>, dp_size: u32) -> Result<Delivered, WireError> {
+    let rank = decode_rank(needed("rank", f.rank)?, dp_size)?;
+    let predicted = uint("predicted", needed("predicted", f.predicted)?)?;
+    let delivered = uint("delivered", needed("delivered", f.delivered)?)?;
+    Ok(Delivered { rank, predicted, delivered })
 }
 
 fn decode_prefix<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<HealthOp<'a>, WireError> {
@@ -332,7 +367,7 @@ fn shown(name: &str) -> std::borrow::Cow<'_, str> {
 
 fn unknown_op(name: &str, ch: Channel) -> WireError {
     let served = match ch {
-        Channel::Route => "route, ping, state",
+        Channel::Route => "route, delivered, ping, state",
         Channel::Health => "health_route, health_report, resize, reload, prefix, ping, state",
     };
     WireError::new(
@@ -346,6 +381,7 @@ fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp
         "ping" => Ok(RouteOp::Ping),
         "state" => Ok(RouteOp::State),
         "route" => decode_route(f, lim).map(RouteOp::Route),
+        "delivered" => decode_delivered(f, lim.dp_size).map(RouteOp::Delivered),
         "health_route" | "health_report" | "resize" | "reload" | "prefix" => {
             Err(wrong_socket(name, Channel::Route, Channel::Health))
         }
@@ -362,7 +398,7 @@ fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<Health
         "resize" => decode_resize(f, lim).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
         "prefix" => decode_prefix(f, lim),
-        "route" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
+        "route" | "delivered" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }
 }

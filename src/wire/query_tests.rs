@@ -47,7 +47,8 @@ fn route_with_all_fields() {
             prompt_tokens: Some(512),
             target: Target::Policy,
             session: Some("s1"),
-            prompt: None
+            prompt: None,
+            explain: false,
         })
     );
 }
@@ -315,4 +316,47 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
     // `prefix` only on the health socket.
     let route: &'static [u8] = Vec::leak(q(&[("v", 1.into()), ("op", "prefix".into()), ("tokens", ints(&[1]))]));
     assert_eq!(decode_route_query(route, &LIM).unwrap_err().error.code, ErrorCode::UnknownOp);
+}
+
+#[test]
+fn explain_is_a_bool_and_anything_else_is_refused() {
+    let route = |v: rmpv::Value| q(&[("v", 1.into()), ("op", "route".into()), ("explain", v)]);
+    for (v, want) in [(true.into(), true), (false.into(), false), (rmpv::Value::Nil, false)] {
+        let bytes = route(v);
+        let RouteOp::Route(r) = decode_route_query(&bytes, &LIM).unwrap().op else { panic!() };
+        assert_eq!(r.explain, want);
+    }
+    let err = decode_route_query(&route(1.into()), &LIM).unwrap_err().error;
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (ErrorCode::BadRequest, "`explain` must be a boolean, got an integer")
+    );
+}
+
+#[test]
+fn delivered_carries_a_rank_and_two_token_counts() {
+    let report = |pairs: &[(&str, rmpv::Value)]| {
+        let mut all = vec![("v", 1.into()), ("op", "delivered".into())];
+        all.extend(pairs.iter().cloned());
+        q(&all)
+    };
+    let full = report(&[("rank", 7.into()), ("predicted", 64.into()), ("delivered", 48.into())]);
+    let got = decode_route_query(&full, &LIM).unwrap().op;
+    assert_eq!(got, RouteOp::Delivered(Delivered { rank: 7, predicted: 64, delivered: 48 }));
+    let refused = |pairs: &[(&str, rmpv::Value)]| {
+        let e = decode_route_query(&report(pairs), &LIM).unwrap_err().error;
+        (e.code, e.message)
+    };
+    let bad = ErrorCode::BadRequest;
+    assert_eq!(refused(&[("predicted", 1.into()), ("delivered", 1.into())]), (bad, "`delivered` needs `rank`".into()));
+    assert_eq!(refused(&[("rank", 0.into()), ("delivered", 1.into())]), (bad, "`delivered` needs `predicted`".into()));
+    assert_eq!(
+        refused(&[("rank", 0.into()), ("predicted", 1.into()), ("delivered", (-1).into())]),
+        (bad, "`delivered` must be a non-negative integer, got -1".into())
+    );
+    assert_eq!(
+        refused(&[("rank", 8.into()), ("predicted", 1.into()), ("delivered", 1.into())]).0,
+        ErrorCode::InvalidRank
+    );
+    assert_eq!(code(&full, Channel::Health), ErrorCode::UnknownOp);
 }

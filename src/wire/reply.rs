@@ -50,6 +50,54 @@ struct Ranks<'a> {
     id: Option<Id<'a>>,
     ranks: &'a [u32],
     epoch: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    explain: Option<Explain<'a>>,
+}
+
+/// Where a rank's predicted prefix came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixSource {
+    /// The rank's KV events.
+    Events,
+    /// dpcoord's own placements.
+    Approximate,
+    /// An events-only rank whose index is degraded: no credit.
+    Degraded,
+}
+
+impl PrefixSource {
+    pub const ALL: [PrefixSource; 3] = [PrefixSource::Events, PrefixSource::Approximate, PrefixSource::Degraded];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixSource::Events => "events",
+            PrefixSource::Approximate => "approximate",
+            PrefixSource::Degraded => "degraded",
+        }
+    }
+}
+
+impl Serialize for PrefixSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// One rank a route placed on, in its `explain`: the prompt tokens
+/// predicted cached there, and where the prediction came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Chosen {
+    pub rank: u32,
+    pub predicted: u64,
+    pub index: PrefixSource,
+}
+
+/// A route reply's `explain`: the most any rank was predicted to hold, and
+/// each distinct rank placed on, in order of first placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Explain<'a> {
+    pub best: u64,
+    pub chosen: &'a [Chosen],
 }
 
 #[derive(Serialize)]
@@ -180,9 +228,10 @@ fn write<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     }
 }
 
-/// `{"v":1,"ok":true,"id":..,"ranks":[..],"epoch":E}`.
-pub fn encode_ranks(out: &mut Vec<u8>, id: Option<Id<'_>>, ranks: &[u32], epoch: u64) {
-    write(out, &Ranks { v: V, ok: true, id, ranks, epoch });
+/// `{"v":1,"ok":true,"id":..,"ranks":[..],"epoch":E}`, with `"explain"`
+/// when given.
+pub fn encode_ranks(out: &mut Vec<u8>, id: Option<Id<'_>>, ranks: &[u32], epoch: u64, explain: Option<Explain<'_>>) {
+    write(out, &Ranks { v: V, ok: true, id, ranks, epoch, explain });
 }
 
 /// `{"v":1,"ok":true,"id":..,"rank":r,"epoch":E}`.
@@ -240,8 +289,18 @@ mod tests {
     #[test]
     fn replies_have_the_contract_shape() {
         let mut out = Vec::new();
-        encode_ranks(&mut out, Some(Id::Str("a")), &[1, 2], 7);
+        encode_ranks(&mut out, Some(Id::Str("a")), &[1, 2], 7, None);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":"a","ranks":[1,2],"epoch":7}));
+        let chosen = [
+            Chosen { rank: 1, predicted: 32, index: PrefixSource::Events },
+            Chosen { rank: 2, predicted: 0, index: PrefixSource::Approximate },
+        ];
+        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, chosen: &chosen }));
+        assert_eq!(
+            decode(&out),
+            serde_json::json!({"v":1,"ok":true,"ranks":[1,2,1],"epoch":7,"explain":{"best":48,"chosen":[
+                {"rank":1,"predicted":32,"index":"events"},{"rank":2,"predicted":0,"index":"approximate"}]}})
+        );
         encode_health_rank(&mut out, None, 3, 2);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"rank":3,"epoch":2}));
         encode_ok(&mut out, Some(Id::Int(-4)), Some(1));

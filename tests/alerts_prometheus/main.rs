@@ -8,10 +8,11 @@
 //! at once through a file_sd target list (the target's `scenario` label names
 //! it); each scenario provokes one alert with simulated engines and
 //! frontends, waits until exactly that alert fires with the expected labels,
-//! recovers, and waits until it resolves. Three scenarios are normal life
+//! recovers, and waits until it resolves. Four scenarios are normal life
 //! that must fire nothing: 16 ranks joining 1.5 s apart after a start with
-//! no engine, a single refused query, and ranks publishing KV events that
-//! go idle (no placements, no events). Before any target exists,
+//! no engine, a single refused query, ranks publishing KV events that go
+//! idle (no placements, no events), and `cache_aware` placements explained
+//! and reported delivered (the prediction counters must move, exactly). Before any target exists,
 //! `DpcoordAbsent` fires; a target removed from discovery takes its
 //! range-window alerts with it at once. A monitor records every alert that
 //! ever fires, and at the end the record must be exactly the expected set.
@@ -241,14 +242,32 @@ fn wait_all(d: &Daemon, ranks: impl IntoIterator<Item = u32>, status: &str) {
 
 // -- the dashboard ------------------------------------------------------------------------
 
+/// The dashboard's queries of `delivered` reports: empty where no frontend
+/// reports what the engines delivered.
+const NO_REPORTS: [(&str, &str); 4] = [
+    ("Delivered / predicted cached tokens, per rank / A", "no delivered report: nothing to divide"),
+    ("Prediction error (predicted - delivered) / A", "no delivered report: no quantile"),
+    ("Prediction error (predicted - delivered) / B", "no delivered report: no quantile"),
+    ("Prediction error (predicted - delivered) / C", "no delivered report: no quantile"),
+];
+
 /// Queries that may return nothing on the busy dpcoord, and why.
-const BUSY_EMPTY: &[(&str, &str)] = &[];
+const BUSY_EMPTY: &[(&str, &str)] = &NO_REPORTS;
+
+/// Queries that may return nothing on the dpcoord whose frontend explains
+/// and reports, and why.
+const EXPLAIN_EMPTY: &[(&str, &str)] =
+    &[("Refused queries by code / A", "nothing was refused: the panel lists only codes with refusals")];
 
 /// Queries that may return nothing on a dpcoord without user traffic (only
 /// the harness' `state` queries), and why.
 const IDLE_EMPTY: &[(&str, &str)] = &[
     ("Refused queries by code / A", "nothing was refused: the panel lists only codes with refusals"),
     ("User dispatch skew (stddev / mean) / A", "no user placement in the last minute: no mean to divide by"),
+    NO_REPORTS[0],
+    NO_REPORTS[1],
+    NO_REPORTS[2],
+    NO_REPORTS[3],
 ];
 
 /// Every query of the dashboard: (panel title / refId, expr).
@@ -307,6 +326,7 @@ fn each_alert_fires_and_resolves_in_a_real_prometheus_and_normal_life_fires_noth
         .iter()
         .map(|sc| {
             let mut args = vec!["--dp-size".to_owned(), sc.dp.to_string()];
+            args.extend(sc.args.iter().map(|a| (*a).to_owned()));
             if sc.kv {
                 let (events, endpoint) = KvEvents::bind(&zmq);
                 args.extend(["--kv-events-connect".to_owned(), endpoint]);

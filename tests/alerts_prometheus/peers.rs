@@ -117,11 +117,42 @@ pub(crate) struct Traffic {
     pub(crate) pin: Option<u64>,
     /// A query with an unknown op (refused as `unknown_op`).
     pub(crate) bad: bool,
+    /// A route query with one of two prompts and `explain: true`, then a
+    /// `delivered` report of its prediction (one block of 16 short, as
+    /// vLLM delivers a fully cached prompt; nothing when none is predicted).
+    pub(crate) explain: bool,
+}
+
+/// What an explaining frontend sent and was told, summed: the `predicted`
+/// and `best` of every explained placement, and the reports it sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Explained {
+    pub(crate) predicted: u64,
+    pub(crate) best: u64,
+    pub(crate) reports: u64,
+    pub(crate) delivered: u64,
+}
+
+impl Explained {
+    /// Asks for one explained placement of `prompt` and reports it delivered.
+    fn ask(&mut self, c: &Client, prompt: &[u32]) {
+        let r = c.call(json!({"v": 1, "op": "route", "tokens": prompt, "explain": true}));
+        let explain = &r["explain"];
+        let [rank, predicted] = ["rank", "predicted"].map(|k| explain["chosen"][0][k].as_u64().unwrap());
+        self.predicted += predicted;
+        self.best += explain["best"].as_u64().unwrap();
+        let delivered = predicted.saturating_sub(16);
+        let report = json!({"v": 1, "op": "delivered", "rank": rank, "predicted": predicted, "delivered": delivered});
+        assert_eq!(c.call(report)["ok"], json!(true));
+        self.reports += 1;
+        self.delivered += delivered;
+    }
 }
 
 /// A frontend asking one dpcoord from a thread; a refused route fails the test.
 pub(crate) struct Frontend {
     traffic: Arc<Mutex<Traffic>>,
+    explained: Arc<Mutex<Explained>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -130,9 +161,13 @@ impl Frontend {
     pub(crate) fn start(d: &Daemon, every: Duration, traffic: Traffic) -> Frontend {
         let traffic = Arc::new(Mutex::new(traffic));
         let stop = Arc::new(AtomicBool::new(false));
+        let explained = Arc::new(Mutex::new(Explained::default()));
         let c = d.client();
-        let (t, s) = (traffic.clone(), stop.clone());
+        let (t, s, e) = (traffic.clone(), stop.clone(), explained.clone());
+        // Two prompts of 2 blocks of 16 tokens, so both ranks get traffic.
+        let prompts: [Vec<u32>; 2] = [(1..=32).collect(), (101..=132).collect()];
         let thread = std::thread::spawn(move || {
+            let mut turn = 0;
             while !s.load(Ordering::Relaxed) {
                 let now = *t.lock().unwrap();
                 if now.route {
@@ -141,13 +176,22 @@ impl Frontend {
                 if let Some(rank) = now.pin {
                     assert_eq!(c.route(json!({"v": 1, "op": "route", "rank": rank})), [rank]);
                 }
+                if now.explain {
+                    e.lock().unwrap().ask(&c, &prompts[turn % 2]);
+                    turn += 1;
+                }
                 if now.bad {
                     assert_eq!(c.error_code(json!({"v": 1, "op": "fly"})), "unknown_op");
                 }
                 std::thread::sleep(every);
             }
         });
-        Frontend { traffic, stop, thread: Some(thread) }
+        Frontend { traffic, explained, stop, thread: Some(thread) }
+    }
+
+    /// What the frontend's explained placements summed to so far.
+    pub(crate) fn explained(&self) -> Explained {
+        *self.explained.lock().unwrap()
     }
 
     pub(crate) fn set(&self, traffic: Traffic) {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{dashboard, sleep, wait_all, Ctx, BUSY_EMPTY, IDLE_EMPTY};
+use super::{dashboard, sleep, wait_all, Ctx, BUSY_EMPTY, EXPLAIN_EMPTY, IDLE_EMPTY};
 use crate::common::*;
 use crate::peers::{Engines, Frontend, Traffic, HEALTHY};
 
@@ -21,6 +21,8 @@ pub(crate) struct Scenario {
     pub(crate) live: &'static [u32],
     /// dpcoord subscribes to the scenario's [`KvEvents`] (`--kv-events-connect`).
     pub(crate) kv: bool,
+    /// Flags beyond `--dp-size` (and `--kv-events-connect`).
+    pub(crate) args: &'static [&'static str],
     pub(crate) run: fn(&Ctx, &Scenario, &Daemon, &Engines),
     /// (alertname, severity, extra labels) of every alert it must fire.
     pub(crate) fires: &'static [Expected],
@@ -160,7 +162,7 @@ fn vanish(ctx: &Ctx, sc: &Scenario, _: &Daemon, e: &Engines) {
 /// Frontends pin half their queries to rank 0, then stop pinning.
 fn skew(ctx: &Ctx, sc: &Scenario, d: &Daemon, _: &Engines) {
     ctx.await_scraped(sc.name);
-    let fe = Frontend::start(d, Duration::from_millis(50), Traffic { route: true, pin: Some(0), bad: false });
+    let fe = Frontend::start(d, Duration::from_millis(50), Traffic { route: true, pin: Some(0), ..Traffic::default() });
     ctx.await_firing(sc.name, &ctx.labels(sc.name, "DpcoordUserDispatchSkew", "warning", &[]), 2 * MIN);
     fe.set(Traffic { route: true, ..Traffic::default() });
     // The pinned placements leave dpcoord's 60 s window.
@@ -327,13 +329,55 @@ fn one_refusal(ctx: &Ctx, sc: &Scenario, d: &Daemon, e: &Engines) {
     dashboard(ctx, "rank_down", IDLE_EMPTY);
 }
 
+/// Normal life under `cache_aware`: a frontend asks for explained
+/// placements of two prompts in turn and reports each delivered one block
+/// short of its prediction. The prediction counters move and Prometheus
+/// sees exactly what the frontend was told and reported; every dashboard
+/// query answers, the delivered/predicted ratio and the error's quantiles
+/// included. Nothing may fire.
+fn explain(ctx: &Ctx, sc: &Scenario, d: &Daemon, _: &Engines) {
+    ctx.await_scraped(sc.name);
+    let fe = Frontend::start(d, Duration::from_millis(50), Traffic { explain: true, ..Traffic::default() });
+    sleep(20.0);
+    let sent = fe.explained();
+    drop(fe);
+    let scenario = format!("scenario=\"{}\"", sc.name);
+    let total = |name: &str, labels: &str| ctx.value(&format!("sum({name}{{{scenario}{labels}}})"));
+    let want = [sent.predicted, sent.best, sent.predicted, sent.delivered, sent.reports].map(|v| v as f64);
+    ctx.until("the frontend's last reports scraped", MIN, || {
+        let got = [
+            total("dpcoord_prefix_predicted_tokens_total", ", of=\"chosen\""),
+            total("dpcoord_prefix_predicted_tokens_total", ", of=\"best\""),
+            total("dpcoord_prefix_reported_tokens_total", ", kind=\"predicted\""),
+            total("dpcoord_prefix_reported_tokens_total", ", kind=\"delivered\""),
+            total("dpcoord_prefix_prediction_error_tokens_count", ""),
+        ];
+        (got == want).then_some(())
+    });
+    ctx.log(sc.name, &format!("explained and reported: {sent:?}"));
+    assert!(sent.reports >= 100 && sent.delivered > 0, "{sent:?}");
+    let error = sent.predicted - sent.delivered;
+    assert_eq!(total("dpcoord_prefix_prediction_error_tokens_sum", ""), error as f64);
+    dashboard(ctx, sc.name, EXPLAIN_EMPTY);
+    assert_eq!(ctx.firing(sc.name), BTreeSet::new());
+}
+
 pub(crate) const SCENARIOS: &[Scenario] = &[
-    Scenario { name: "down", dp: 2, live: &[0, 1], kv: false, run: down, fires: &[("DpcoordDown", "critical", &[])] },
+    Scenario {
+        name: "down",
+        dp: 2,
+        live: &[0, 1],
+        kv: false,
+        args: &[],
+        run: down,
+        fires: &[("DpcoordDown", "critical", &[])],
+    },
     Scenario {
         name: "rank_down",
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: rank_down,
         fires: &[("DpcoordRankDown", "critical", &[("dp_rank", "2")])],
     },
@@ -342,6 +386,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: &[0, 1, 2],
         kv: false,
+        args: &[],
         run: never,
         fires: &[("DpcoordRankNeverReported", "warning", &[("dp_rank", "3")])],
     },
@@ -350,6 +395,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: stale,
         fires: &[("DpcoordRankStatsStale", "warning", &[("dp_rank", "1")])],
     },
@@ -358,6 +404,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: flapping,
         fires: &[("DpcoordRankFlapping", "warning", &[("dp_rank", "1")])],
     },
@@ -366,6 +413,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: stalled,
         fires: &[("DpcoordRankStalled", "critical", &[("dp_rank", "2")])],
     },
@@ -374,6 +422,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: failing,
         fires: &[("DpcoordRankFailing", "critical", &[("dp_rank", "2")])],
     },
@@ -382,6 +431,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 2,
         live: &[0, 1],
         kv: false,
+        args: &[],
         run: vanish,
         fires: &[("DpcoordRankFailing", "critical", &[("dp_rank", "0")])],
     },
@@ -390,6 +440,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: skew,
         fires: &[("DpcoordUserDispatchSkew", "warning", &[])],
     },
@@ -398,6 +449,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: refusals,
         fires: &[("DpcoordRouteErrors", "warning", &[])],
     },
@@ -406,6 +458,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: no_engine,
         fires: &[("DpcoordNoEngineAvailable", "critical", &[])],
     },
@@ -414,6 +467,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 4,
         live: ALL4,
         kv: false,
+        args: &[],
         run: rejected,
         fires: &[("DpcoordStatsRejected", "warning", &[("result", "unknown_rank")])],
     },
@@ -422,10 +476,20 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         dp: 2,
         live: &[0, 1],
         kv: true,
+        args: &[],
         run: kv_stopped,
         fires: &[("DpcoordRankKvEventsStopped", "warning", &[("dp_rank", "1")])],
     },
-    Scenario { name: "kv_idle", dp: 2, live: &[0, 1], kv: true, run: kv_idle, fires: &[] },
-    Scenario { name: "start16", dp: 16, live: &[], kv: false, run: start16, fires: &[] },
-    Scenario { name: "one_refusal", dp: 4, live: &[], kv: false, run: one_refusal, fires: &[] },
+    Scenario { name: "kv_idle", dp: 2, live: &[0, 1], kv: true, args: &[], run: kv_idle, fires: &[] },
+    Scenario { name: "start16", dp: 16, live: &[], kv: false, args: &[], run: start16, fires: &[] },
+    Scenario {
+        name: "explain",
+        dp: 2,
+        live: &[0, 1],
+        kv: false,
+        args: &["--policy", "cache_aware"],
+        run: explain,
+        fires: &[],
+    },
+    Scenario { name: "one_refusal", dp: 4, live: &[], kv: false, args: &[], run: one_refusal, fires: &[] },
 ];

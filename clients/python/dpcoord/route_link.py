@@ -16,6 +16,11 @@ the reason it has none:
 * ``refused``: dpcoord answered with an error (no routable rank, ...);
 * ``bad_reply``: an answer that is not a valid route reply.
 
+:meth:`RouteLink.explained` answers as :meth:`RouteLink.route` plus the prompt
+tokens dpcoord predicted cached on the rank (the reply's ``explain``, asked for
+with ``explain: true``), and :meth:`RouteLink.report` sends a query whose answer
+nobody waits for (a ``delivered`` report).
+
 The socket is read from the event loop's own reader callback (``add_reader`` on
 the ZeroMQ descriptor), with no task and no lock per query.
 """
@@ -86,23 +91,29 @@ class RouteLink:
         """``(rank, None)``, or ``(None, reason)``. ``query`` is a route query; its ``id``
         is kept if it is a string of at most ``MAX_ID_BYTES`` bytes not already
         waiting for an answer (a request's own id), else replaced by a number."""
+        rank, reason, _ = await self.explained(query)
+        return rank, reason
+
+    async def explained(self, query: dict[str, Any]) -> tuple[int | None, str | None, int | None]:
+        """As :meth:`route`, plus the prompt tokens predicted cached on the rank when
+        the reply explains it (else None)."""
         if self.down:
             self._probe()
-            return None, "timeout"
+            return None, "timeout", None
         qid = query.get("id")
         if not (isinstance(qid, str) and len(qid.encode()) <= MAX_ID_BYTES) or qid in self.waiting:
             qid = query["id"] = next(self.ids)
         payload = _core.encode(query)
         if not self._send(payload):
             if self.connected:
-                return None, "unreachable"
+                return None, "unreachable", None
             # The link's first connection may still be being made: wait for it, at most
             # until the deadline after the link was made.
             while not (sent := self._send(payload)) and time.monotonic() < self.born + self.timeout_s:
                 await asyncio.sleep(0.0005)
             if not sent:
                 self.connected = True  # from now on, no query waits for a connection
-                return None, "unreachable"
+                return None, "unreachable", None
         self.connected = True
         future = self.loop.create_future()
         self.waiting[qid] = (future, self.loop.time() + self.timeout_s)
@@ -110,6 +121,12 @@ class RouteLink:
             self.timer = self.loop.call_at(self.waiting[qid][1], self._expire)
         self._drain()  # a send may have taken the descriptor's edge for a reply already here
         return await future
+
+    def report(self, query: dict[str, Any]) -> None:
+        """Sends ``query`` (given a fresh numeric ``id``) without waiting: its answer is
+        dropped, and so is the query if dpcoord cannot take it now."""
+        query["id"] = next(self.ids)
+        self._send(_core.encode(query))
 
     def _send(self, payload: bytes) -> bool:
         try:
@@ -132,7 +149,7 @@ class RouteLink:
             del self.waiting[qid]
             self.timeouts += 1
             if not future.done():
-                future.set_result((None, "timeout"))
+                future.set_result((None, "timeout", None))
 
     def _probe(self) -> None:
         now = time.monotonic()
@@ -183,20 +200,30 @@ class RouteLink:
             self.timer.cancel()
         for future, _ in self.waiting.values():
             if not future.done():
-                future.set_result((None, "unreachable"))
+                future.set_result((None, "unreachable", None))
         self.waiting.clear()
 
 
-def outcome(reply: dict[str, Any]) -> tuple[int | None, str | None]:
+def outcome(reply: dict[str, Any]) -> tuple[int | None, str | None, int | None]:
     """A decoded route reply's rank, or why there is none: ``refused`` (dpcoord's
-    error reply: no routable rank, ...) or ``bad_reply`` (anything else)."""
+    error reply: no routable rank, ...) or ``bad_reply`` (anything else); and the
+    prompt tokens its ``explain`` predicted cached on the rank, if any."""
     if reply.get("v") != _core.VERSION:
-        return None, "bad_reply"
+        return None, "bad_reply", None
     if reply.get("ok") is False:
-        return None, "refused"
+        return None, "refused", None
     ranks = reply.get("ranks")
     if reply.get("ok") is True and isinstance(ranks, list) and len(ranks) == 1:
         rank = ranks[0]
         if type(rank) is int and rank >= 0:
-            return rank, None
-    return None, "bad_reply"
+            return rank, None, predicted(reply.get("explain"), rank)
+    return None, "bad_reply", None
+
+
+def predicted(explain: Any, rank: int) -> int | None:
+    """The prompt tokens an ``explain`` predicted cached on ``rank`` (None if it says nothing of it)."""
+    chosen = explain.get("chosen") if isinstance(explain, dict) else None
+    for entry in chosen if isinstance(chosen, list) else ():
+        if isinstance(entry, dict) and entry.get("rank") == rank and type(entry.get("predicted")) is int:
+            return entry["predicted"]
+    return None

@@ -20,7 +20,11 @@ and only if the methods it wraps are the ones it was tested against
   late-interaction pooling) are never sent to dpcoord;
 * ``OutputProcessor.abort_requests`` and ``process_outputs``: the requests a
   client aborted, counted on the rank they were sent to (the exact books, see
-  :mod:`dpcoord.ledger`).
+  :mod:`dpcoord.ledger`); and, for a request sent with its prompt, what the
+  engine delivered of dpcoord's prediction: the query asks for ``explain``, and
+  when the request's prefill ends vLLM's ``prefill_stats.num_cached_tokens`` (the
+  prompt tokens the engine did not compute) goes back to dpcoord with the
+  prediction in a ``delivered`` report, unanswered and never waited for.
 
 Environment:
 
@@ -166,6 +170,8 @@ class Hook:
         self.chosen: dict[str, int] = {}
         #: request id -> rank, for the requests this API server sent and has not seen end
         self.placed: dict[str, int] = {}
+        #: request id -> (rank, prompt tokens dpcoord predicted cached there), until its prefill ends
+        self.predicted: dict[str, tuple[int, int]] = {}
         #: the requests awaiting dpcoord's answer, and those of them aborted meanwhile
         self.routing: set[str] = set()
         self.aborted_in_route: set[str] = set()
@@ -194,7 +200,7 @@ class Hook:
             elif (link := self.link()) is None or link.unreachable():
                 rank, reason = None, "unreachable"
             else:
-                rank, reason = await link.route(self.query(client, request))
+                rank, reason, predicted = await link.explained(self.query(client, request))
         except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
             log.exception("dpcoord: asking for request %s's engine failed", rid)
             rank, reason = None, "error"
@@ -205,6 +211,8 @@ class Hook:
             return _SKIP
         if rank is not None and rank >= len(client.core_engines):
             rank, reason = None, "out_of_range"
+        if rank is not None and predicted is not None:
+            self.predicted[rid] = (rank, predicted)
         self.count(reason or "dpcoord")
         return rank
 
@@ -220,10 +228,24 @@ class Hook:
         salt = request.cache_salt
         if self.settings.send == "keys":
             block_size = client.vllm_config.cache_config.block_size
-            query["block_keys"] = prefix.block_keys(tokens, block_size, lora, salt)
+            query.update(block_keys=prefix.block_keys(tokens, block_size, lora, salt), explain=True)
         elif self.settings.send == "tokens":
-            query.update({"tokens": tokens, "lora": lora, "salt": salt})
+            query.update({"tokens": tokens, "lora": lora, "salt": salt, "explain": True})
         return query
+
+    def delivered(self, output: Any) -> None:
+        """Reports what the engine delivered of dpcoord's prediction for ``output``'s
+        request, once its prefill ended (vLLM's ``prefill_stats`` comes with it)."""
+        stats = output.prefill_stats
+        if stats is None or (placed := self.predicted.pop(output.request_id, None)) is None:
+            return
+        rank, predicted = placed
+        try:
+            if (link := self.link()) is not None:
+                report = {"v": _core.VERSION, "op": "delivered", "rank": rank, "predicted": predicted}
+                link.report(dict(report, delivered=stats.num_cached_tokens))
+        except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
+            log.exception("dpcoord: reporting request %s's cached tokens failed", output.request_id)
 
     def link(self) -> RouteLink | None:
         """This event loop's link to dpcoord (made on first use; None if the endpoint is invalid)."""
@@ -300,6 +322,7 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
         aborted = abort(processor, request_ids, internal)
         hook = HOOK
         for rid in aborted if hook is not None else ():
+            hook.predicted.pop(rid, None)
             if rid in hook.routing:
                 hook.aborted_in_route.add(rid)
             elif (rank := hook.placed.pop(rid, None)) is not None:
@@ -310,8 +333,10 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
         result = process(processor, engine_core_outputs, *args, **kwargs)
         hook = HOOK
         for output in engine_core_outputs if hook is not None else ():
+            hook.delivered(output)
             if output.request_id not in processor.request_states:
                 hook.placed.pop(output.request_id, None)
+                hook.predicted.pop(output.request_id, None)
         return result
 
     lb.add_request_async = add_request_async

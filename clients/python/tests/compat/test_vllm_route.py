@@ -4,12 +4,14 @@ without engines, vllm_engine.py), against the real dpcoord."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
 import random
 import time
 from collections import Counter
 
-from conftest import bring_up, eventually
+from conftest import DEADLINE, bring_up, eventually
 from hook_fixtures import add, client_for, hook, hook_metric, request, vllm_modules, wrapped  # noqa: F401 - fixtures
 
 
@@ -80,8 +82,6 @@ def test_vllms_own_pins_are_kept_and_never_asked(real, hook, start_daemon, engin
 
 
 def test_late_interaction_requests_keep_vllms_engine(real, hook, start_daemon, engines):
-    import importlib
-
     late = importlib.import_module("vllm.v1.pool.late_interaction")
     pooling = importlib.import_module("vllm.pooling_params")
     d = start_daemon("--dp-size", "4", "--policy", "least_load")
@@ -163,8 +163,6 @@ def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, 
     import vllm_engine
     from test_kv_events import free_ports
 
-    import importlib
-
     events_mod = importlib.import_module("vllm.distributed.kv_events")
     config_mod = importlib.import_module("vllm.config.kv_events")
     monkeypatch.setattr(events_mod.ZmqEventPublisher, "_is_bind_endpoint", staticmethod(lambda endpoint: True))
@@ -202,3 +200,41 @@ def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, 
     finally:
         for p in publishers:
             p.shutdown()
+
+
+def test_what_vllm_delivered_of_dpcoords_prediction_goes_back_to_dpcoord(real, hook, start_daemon, engines):
+    """vLLM's own ``OutputProcessor`` takes the engine's first output of each request,
+    carrying its real ``PrefillStats``; the hook reports ``num_cached_tokens`` with
+    the tokens dpcoord predicted cached on that rank (its ``explain``)."""
+    import vllm_engine
+
+    stats_mod = importlib.import_module("vllm.v1.metrics.stats")
+    engine_mod = importlib.import_module("vllm.v1.engine")
+    d = start_daemon("--dp-size", "2", "--policy", "cache_aware")
+    bring_up(d, engines, [0, 1])
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
+    llm = vllm_engine.make_async_llm(real, client_for(real, 2))
+    prompt = list(range(1, 49))  # 3 blocks of 16
+
+    def first_output(rid: str, cached: int):
+        stats = stats_mod.PrefillStats()
+        stats.set(num_prompt_tokens=len(prompt), num_local_cached_tokens=cached, num_external_cached_tokens=0)
+        return engine_mod.EngineCoreOutput(request_id=rid, new_token_ids=[7], prefill_stats=stats)
+
+    async def run():
+        # No KV events: dpcoord predicts from its own placements, so the second
+        # request of the prompt is predicted whole (48) on the first one's rank.
+        for rid, cached in (("a", 0), ("b", 32)):
+            await vllm_engine.add_request(real, llm, request(real, rid, tokens=prompt))
+            llm.output_processor.process_outputs([first_output(rid, cached)])
+
+    asyncio.run(asyncio.wait_for(run(), DEADLINE))
+    assert h.placed == {"a": 0, "b": 0} and h.predicted == {}
+
+    def reported(kind: str) -> float:
+        return d.metric("dpcoord_prefix_reported_tokens_total", f'dp_rank="0",kind="{kind}"')
+
+    eventually("both reports counted", lambda: d.metric("dpcoord_prefix_prediction_error_tokens_count") == 2)
+    assert [reported("predicted"), reported("delivered")] == [48, 32]
+    assert d.metric("dpcoord_prefix_prediction_error_tokens_sum") == 16
+    assert d.metric("dpcoord_prefix_predicted_tokens_total", 'dp_rank="0",of="chosen"') == 48
