@@ -120,10 +120,10 @@ fn resize_and_reload_ops_answer_with_the_new_view() {
     let resize = json!({"v": 1, "op": "resize", "dp_size": 5, "id": "r"});
     assert_eq!(
         ask(&mut c, Channel::Health, resize, t0),
-        json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "epoch": 1})
+        json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "dp_size_from": "resize", "epoch": 1})
     );
     let ok = reload(&mut c, Some(json!("l")), "[engines]\ndp_size = 3\n", t0);
-    assert_eq!(ok, json!({"v": 1, "ok": true, "id": "l", "dp_size": 3, "epoch": 2}));
+    assert_eq!(ok, json!({"v": 1, "ok": true, "id": "l", "dp_size": 3, "dp_size_from": "file", "epoch": 2}));
     let refused = reload(&mut c, None, "[engines]\ndp_size = 0\n", t0);
     assert_eq!(refused["error"]["code"], "invalid_config");
     assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 1024, got 0; nothing changed");
