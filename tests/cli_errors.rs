@@ -48,11 +48,13 @@ const MORE: &str = "For more information, try '--help'.\n";
 
 #[cfg(feature = "sim")]
 #[test]
-fn sim_without_a_scenario_names_the_missing_argument_and_the_usage() {
+fn sim_without_a_scenario_names_the_missing_argument_the_scenarios_and_the_usage() {
     let dir = tempfile::tempdir().unwrap();
     let r = run_in(dir.path(), &["sim"]);
     let want = format!(
         "dpcoord: error: the following required arguments were not provided:\n  <SCENARIO>\n\n\
+         \x20 tip: <SCENARIO> is one of: health-matrix, slow-rank, dead-rank, hetero-prompts, hung-rank, elastic, \
+         pending, prefix, vllm-dp, all\n\n\
          Usage: dpcoord sim <SCENARIO>\n\n{MORE}"
     );
     assert_refused(&r, &want);
