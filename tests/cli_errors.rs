@@ -196,6 +196,23 @@ fn check_config_help_describes_its_file() {
 }
 
 #[test]
+fn a_liveness_error_says_which_value_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("slow.toml");
+    std::fs::write(&file, "[engines]\nstale_after_ms = 5000\n").unwrap();
+    let key = "dpcoord: error: engines.down_after_ms: must be above engines.stale_after_ms";
+    assert_refused(
+        &run_in(dir.path(), &["check-config", file.to_str().unwrap()]),
+        &format!("{key} (5000 ms), got 3000 ms (default)\n"),
+    );
+    let metrics = free_addr().to_string();
+    let run = |flags: &[&str]| run_in(dir.path(), &[flags, &["--metrics-bind", &metrics]].concat());
+    assert_refused(&run(&["--down-after-ms", "500"]), &format!("{key} (1000 ms, default), got 500 ms\n"));
+    let both = ["--stale-after-ms", "5000", "--down-after-ms", "4000"];
+    assert_refused(&run(&both), &format!("{key} (5000 ms), got 4000 ms\n"));
+}
+
+#[test]
 fn a_toml_syntax_error_is_one_line_naming_file_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");
