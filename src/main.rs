@@ -40,7 +40,8 @@ enum Cmd {
     /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
     Probe(dpcoord::io::probe::ProbeArgs),
     #[cfg(feature = "sim")]
-    /// Run dpcoord with 8 simulated engines, 2 frontends and a health prober, showing a live table.
+    /// Run 8 simulated engines, frontends and a health prober in three phases (a stale snapshot,
+    /// vLLM's rule, then through dpcoord), showing dpcoord's live table.
     Demo(dpcoord::sim::demo::DemoArgs),
     #[cfg(feature = "sim")]
     /// Run a simulation scenario; prints a report and writes it with an SVG chart.
