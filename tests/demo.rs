@@ -117,14 +117,17 @@ fn placed_once(out: &str) -> Vec<(&'static str, Vec<f64>)> {
         .collect()
 }
 
-/// `(completed, input tok/s)` from the last line of each phase's table,
-/// `completed C requests, T input tokens/s, placement std S`, in order.
-fn table_totals(text: &str) -> Vec<(u64, f64)> {
-    let lines = text.lines().filter_map(|l| l.strip_prefix("completed ")).map(|l| {
-        let words: Vec<&str> = l.split_whitespace().collect();
-        (words[0].parse().unwrap(), words[2].replace(',', "").parse().unwrap())
+/// Each phase's table, in order: its placements per rank, and `(completed,
+/// input tok/s)` from its last line, `completed C requests, T input
+/// tokens/s, placement std S`.
+fn tables(text: &str) -> Vec<(Vec<u64>, (u64, f64))> {
+    let tables = text.split(HEADER).skip(1).map(|table| {
+        let lines: Vec<&str> = table.lines().skip(1).take(9).collect();
+        let placements = lines[..8].iter().map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap()).collect();
+        let words: Vec<&str> = lines[8].strip_prefix("completed ").expect(lines[8]).split_whitespace().collect();
+        (placements, (words[0].parse().unwrap(), words[2].replace(',', "").parse().unwrap()))
     });
-    lines.collect()
+    tables.collect()
 }
 
 /// `(completed, in flight)` from `<phase> ended after S s: C requests completed, F in flight at the end`.
@@ -171,12 +174,12 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     assert!(last_table.iter().all(|l| l.split_whitespace().nth(1) == Some("up")), "{last_table:?}");
 
     // Wall-clock runs do not repeat exactly: the structure is asserted, not which phase spreads best.
-    let totals = table_totals(&out);
-    assert_eq!(totals.len(), 3, "{out}");
-    for ((label, numbers), (completed, tps)) in placed_once(&out).into_iter().zip(totals) {
+    let tables = tables(&out);
+    assert_eq!(tables.len(), 3, "{out}");
+    for ((label, numbers), table) in placed_once(&out).into_iter().zip(tables) {
         assert!(numbers[1] >= numbers[2], "{label}: the busiest rank holds at least the mean: {numbers:?}");
-        let same = (ended(&out, label).0, numbers[4]);
-        assert_eq!((completed, tps), same, "{label}: its table and the summary agree: {out}");
+        let same = (row(&out, label).0, (ended(&out, label).0, numbers[4]));
+        assert_eq!(table, same, "{label}: its final table and the summary agree: {out}");
     }
     let probes = out.lines().find_map(|l| l.strip_prefix("health probes: ")).expect("probes line");
     let words: Vec<&str> = probes.split_whitespace().collect();

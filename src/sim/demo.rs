@@ -196,8 +196,18 @@ fn phase(
         Err(panic) => std::panic::resume_unwind(panic),
     };
     let interrupted = watched?;
-    // The final table once the world has stopped: its counts and clock are
-    // those the summary reads, so both show the same requests and tok/s.
+    // The final table once the world has stopped, from dpcoord's first tick
+    // after it (every query it answered is in that one: ticks and queries
+    // take turns on its thread): its counts and clock are those the summary
+    // reads, so both show the same placements, requests and tok/s.
+    let stopped = local.published.state();
+    let tick = Duration::from_millis(settings.tick_ms);
+    rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + 10 * tick;
+        while Arc::ptr_eq(&stopped, &local.published.state()) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(tick / 10).await;
+        }
+    });
     screen.draw(&render(&local.published.state(), &live, start.elapsed().min(total), total))?;
     if let Err(e) = rt.block_on(web.stop()) {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
