@@ -31,6 +31,7 @@ use crate::sim::record::{Live, Recorder};
 use crate::sim::workload::{Lengths, Load};
 use crate::sim::world::{self, ArmSpec, Handoff, Probe, Prompts};
 use crate::sim::SimError;
+use crate::wire::StateView;
 
 const PROBE_EVERY_MS: u64 = 250;
 
@@ -161,6 +162,20 @@ async fn watch(
     }
 }
 
+/// dpcoord's table from its first tick from now on (at most 10 ticks
+/// away), which holds every query it has answered: ticks and queries take
+/// turns on its thread.
+async fn next_view(local: &Local, tick: Duration) -> Arc<StateView> {
+    let (now, deadline) = (local.published.state(), tokio::time::Instant::now() + 10 * tick);
+    loop {
+        let view = local.published.state();
+        if !Arc::ptr_eq(&now, &view) || tokio::time::Instant::now() >= deadline {
+            return view;
+        }
+        tokio::time::sleep(tick / 10).await;
+    }
+}
+
 /// Runs one phase on a fresh daemon and cluster, serving the daemon's
 /// metrics on `listener` meanwhile; its outcome, and whether a signal stopped it.
 fn phase(
@@ -196,19 +211,10 @@ fn phase(
         Err(panic) => std::panic::resume_unwind(panic),
     };
     let interrupted = watched?;
-    // The final table once the world has stopped, from dpcoord's first tick
-    // after it (every query it answered is in that one: ticks and queries
-    // take turns on its thread): its counts and clock are those the summary
-    // reads, so both show the same placements, requests and tok/s.
-    let stopped = local.published.state();
-    let tick = Duration::from_millis(settings.tick_ms);
-    rt.block_on(async {
-        let deadline = tokio::time::Instant::now() + 10 * tick;
-        while Arc::ptr_eq(&stopped, &local.published.state()) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(tick / 10).await;
-        }
-    });
-    screen.draw(&render(&local.published.state(), &live, start.elapsed().min(total), total))?;
+    // The final table once the world has stopped: its counts and clock are
+    // those the summary reads, so both show the same placements, requests and tok/s.
+    let view = rt.block_on(next_view(&local, Duration::from_millis(settings.tick_ms)));
+    screen.draw(&render(&view, &live, start.elapsed().min(total), total))?;
     if let Err(e) = rt.block_on(web.stop()) {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }
