@@ -40,7 +40,8 @@ enum Cmd {
     /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
     Probe(dpcoord::io::probe::ProbeArgs),
     #[cfg(feature = "sim")]
-    /// Run dpcoord with 8 simulated engines, 2 frontends and a health prober, showing a live table.
+    /// Run 8 simulated engines, frontends and a health prober in three phases (a stale snapshot,
+    /// vLLM's rule, then through dpcoord), showing dpcoord's live table.
     Demo(dpcoord::sim::demo::DemoArgs),
     #[cfg(feature = "sim")]
     /// Run a simulation scenario; prints a report and writes it with an SVG chart.
@@ -50,7 +51,7 @@ enum Cmd {
 /// Parses the command line: the command's own arguments and the config flags.
 fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
     let mut cmd = Cli::command().args(config::flags());
-    let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let matches = cmd.try_get_matches_from_mut(std::env::args_os()).map_err(|e| with_values(e, &cmd))?;
     if let Some(sub) = matches.subcommand_name() {
         // The daemon's flags before a subcommand would be silently ignored.
         let given: Vec<String> = matches
@@ -70,6 +71,29 @@ fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
     }
     let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
     Ok((cli, matches))
+}
+
+/// clap names a missing argument but not its values: one that has a list
+/// (`dpcoord sim`'s scenario) gets it as a tip, as an invalid value does.
+fn with_values(mut e: clap::Error, cmd: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let Some(ContextValue::Strings(missing)) = e.get(ContextKind::InvalidArg) else { return e };
+    if e.kind() != ErrorKind::MissingRequiredArgument {
+        return e;
+    }
+    let tips: Vec<clap::builder::StyledStr> = cmd
+        .get_subcommands()
+        .flat_map(clap::Command::get_positionals)
+        .filter(|arg| missing.contains(&arg.to_string()))
+        .filter_map(|arg| {
+            let values: Vec<String> = arg.get_possible_values().iter().map(|v| v.get_name().to_owned()).collect();
+            (!values.is_empty()).then(|| format!("{arg} is one of: {}", values.join(", ")).into())
+        })
+        .collect();
+    if !tips.is_empty() {
+        e.insert(ContextKind::Suggested, ContextValue::StyledStrs(tips));
+    }
+    e
 }
 
 /// The file's table with every given flag folded in.

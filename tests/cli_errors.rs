@@ -48,11 +48,13 @@ const MORE: &str = "For more information, try '--help'.\n";
 
 #[cfg(feature = "sim")]
 #[test]
-fn sim_without_a_scenario_names_the_missing_argument_and_the_usage() {
+fn sim_without_a_scenario_names_the_missing_argument_the_scenarios_and_the_usage() {
     let dir = tempfile::tempdir().unwrap();
     let r = run_in(dir.path(), &["sim"]);
     let want = format!(
         "dpcoord: error: the following required arguments were not provided:\n  <SCENARIO>\n\n\
+         \x20 tip: <SCENARIO> is one of: health-matrix, slow-rank, dead-rank, hetero-prompts, hung-rank, elastic, \
+         pending, prefix, vllm-dp, all\n\n\
          Usage: dpcoord sim <SCENARIO>\n\n{MORE}"
     );
     assert_refused(&r, &want);
@@ -191,6 +193,23 @@ fn check_config_help_describes_its_file() {
         line.split_whitespace().collect::<Vec<_>>().join(" "),
         "<FILE> The TOML config file to check, as `--config FILE` would read it (no flags are folded in)"
     );
+}
+
+#[test]
+fn a_liveness_error_says_which_value_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("slow.toml");
+    std::fs::write(&file, "[engines]\nstale_after_ms = 5000\n").unwrap();
+    let key = "dpcoord: error: engines.down_after_ms: must be above engines.stale_after_ms";
+    assert_refused(
+        &run_in(dir.path(), &["check-config", file.to_str().unwrap()]),
+        &format!("{key} (5000 ms), got 3000 ms (default)\n"),
+    );
+    let metrics = free_addr().to_string();
+    let run = |flags: &[&str]| run_in(dir.path(), &[flags, &["--metrics-bind", &metrics]].concat());
+    assert_refused(&run(&["--down-after-ms", "500"]), &format!("{key} (1000 ms, default), got 500 ms\n"));
+    let both = ["--stale-after-ms", "5000", "--down-after-ms", "4000"];
+    assert_refused(&run(&both), &format!("{key} (5000 ms), got 4000 ms\n"));
 }
 
 #[test]

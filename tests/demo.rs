@@ -1,4 +1,4 @@
-//! `dpcoord demo` end to end: the real binary, its three phases' live
+//! `dpcoord demo` end to end: the real binary, its three phases' final
 //! tables without a TTY, its /metrics while they run, the comparison of the
 //! phases and its verdict, and Ctrl-C (SIGINT).
 mod common;
@@ -117,6 +117,19 @@ fn placed_once(out: &str) -> Vec<(&'static str, Vec<f64>)> {
         .collect()
 }
 
+/// Each phase's table, in order: its placements per rank, and `(completed,
+/// input tok/s)` from its last line, `completed C requests, T input
+/// tokens/s, placement std S`.
+fn tables(text: &str) -> Vec<(Vec<u64>, (u64, f64))> {
+    let tables = text.split(HEADER).skip(1).map(|table| {
+        let lines: Vec<&str> = table.lines().skip(1).take(9).collect();
+        let placements = lines[..8].iter().map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap()).collect();
+        let words: Vec<&str> = lines[8].strip_prefix("completed ").expect(lines[8]).split_whitespace().collect();
+        (placements, (words[0].parse().unwrap(), words[2].replace(',', "").parse().unwrap()))
+    });
+    tables.collect()
+}
+
 /// `(completed, in flight)` from `<phase> ended after S s: C requests completed, F in flight at the end`.
 fn ended(text: &str, label: &str) -> (u64, u64) {
     // The phase's own length is wall time (3.0 s, or a tenth more on a loaded machine).
@@ -132,21 +145,22 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     let mut demo = Demo::start("3");
     let intro = demo.until("the metrics address", |l| l.contains("metrics: http://"));
     let addr = intro.split("metrics: http://").nth(1).unwrap().split("/metrics").next().unwrap().to_owned();
-    demo.until("a table", |l| l.starts_with("completed "));
+    // Each phase's heading comes once its dpcoord serves.
+    demo.until("the first phase", |l| l.starts_with("phase 1/3, stale snapshot: "));
     let metrics = http_raw(addr.parse().unwrap(), "GET", "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("dpcoord_routed_total{class=\"health\",dp_rank=\"0\"}"), "{metrics}");
     demo.until("the last phase", |l| l.starts_with("phase 3/3, through dpcoord (cache_aware): "));
-    demo.until("the last phase's table", |l| l.starts_with(HEADER));
     let metrics = http_raw(addr.parse().unwrap(), "GET", "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "the last phase's daemon serves the same address: {metrics}");
     let (code, out) = demo.finish();
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains('\x1b'), "no cursor movement without a TTY");
+    // Without a TTY each phase writes its final table only.
     let progress: Vec<&str> = out.lines().filter(|l| l.starts_with('[') && l.contains(" s  epoch ")).collect();
-    assert_eq!(progress.len(), out.lines().filter(|l| l.starts_with(HEADER)).count(), "{out}");
+    assert_eq!((progress.len(), out.lines().filter(|l| l.starts_with(HEADER)).count()), (3, 3), "{out}");
     let full = format!("[{}]   3.0/3 s  epoch ", "#".repeat(30));
-    assert_eq!(progress.iter().filter(|l| l.starts_with(&full)).count(), 3, "each phase ran its 3 s: {out}");
+    assert!(progress.iter().all(|l| l.starts_with(&full)), "each phase ran its 3 s: {out}");
     for phase in [
         "phase 1/3, stale snapshot: ",
         "phase 2/3, vLLM's rule (vLLM 0.33's API servers): ",
@@ -160,8 +174,12 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
     assert!(last_table.iter().all(|l| l.split_whitespace().nth(1) == Some("up")), "{last_table:?}");
 
     // Wall-clock runs do not repeat exactly: the structure is asserted, not which phase spreads best.
-    for (label, numbers) in placed_once(&out) {
+    let tables = tables(&out);
+    assert_eq!(tables.len(), 3, "{out}");
+    for ((label, numbers), table) in placed_once(&out).into_iter().zip(tables) {
         assert!(numbers[1] >= numbers[2], "{label}: the busiest rank holds at least the mean: {numbers:?}");
+        let same = (row(&out, label).0, (ended(&out, label).0, numbers[4]));
+        assert_eq!(table, same, "{label}: its final table and the summary agree: {out}");
     }
     let probes = out.lines().find_map(|l| l.strip_prefix("health probes: ")).expect("probes line");
     let words: Vec<&str> = probes.split_whitespace().collect();
@@ -179,7 +197,7 @@ fn demo_shows_three_phases_serves_metrics_and_compares_them() {
 #[test]
 fn ctrl_c_stops_the_demo_early_with_a_summary() {
     let mut demo = Demo::start("600");
-    demo.until("a table", |l| l.starts_with(HEADER));
+    demo.until("the first phase", |l| l.starts_with("phase 1/3, stale snapshot: "));
     let started = Instant::now();
     let pid = demo.child.id().to_string();
     assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
@@ -187,6 +205,7 @@ fn ctrl_c_stops_the_demo_early_with_a_summary() {
     assert_eq!(code, Some(0), "{out}");
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(out.contains("stale snapshot ended after "), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with(HEADER)).count(), 1, "the stopped phase's table: {out}");
     assert!(!out.contains("vLLM's rule ended after "), "the later phases do not run: {out}");
     assert!(out.contains("\nsummary (8 simulated ranks, 2 frontends, 32 requests in flight):\n"), "{out}");
     row(&out, "stale snapshot");
@@ -210,6 +229,10 @@ fn frontends_share_the_requests_in_flight_and_are_named_in_the_intro_and_summary
         ),
         "{out}"
     );
+    let out = Demo::start_with(&["--seconds", "1", "--frontends", "1"]).finish().1;
+    assert!(out.starts_with("dpcoord demo: 8 simulated engines, 1 frontend keeping 32 requests "), "{out}");
+    assert!(out.contains("\nsummary (8 simulated ranks, 1 frontend, 32 requests in flight):\n"), "{out}");
+    assert!(out.contains(" 1 x its own unfinished requests there) and\ncounts its pick once until the next"), "{out}");
     assert_eq!(out.lines().rfind(|l| !l.is_empty()).unwrap(), verdict_of(&out), "{out}");
 }
 

@@ -1,6 +1,7 @@
 //! Operations without restarts, against the real binary: `resize` up and
 //! down under routing from several frontends, and `reload` (SIGHUP and the
-//! op) changing the policy and a weight under load, or changing nothing.
+//! op) changing the policy and a weight under load, or changing nothing;
+//! a resize that holds across reloads until the file's `dp_size` changes.
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -171,4 +172,65 @@ fn a_reloaded_allowlist_applies_to_new_connections() {
     let allowed = Client::connect(&ctx, &format!("tcp://127.0.0.2:0;127.0.0.1:{port}"));
     assert_eq!(allowed.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
     assert_eq!(before.call(json!({"v": 1, "op": "ping"}))["ok"], json!(true));
+}
+
+/// The daemon's log so far (warnings and above).
+fn logged(d: &Daemon) -> String {
+    std::fs::read_to_string(d.dir.path().join("dpcoord.log")).unwrap()
+}
+
+/// The rank count, where it came from and the epoch, as a `resize` or
+/// `reload` reply says them.
+fn admin_reply(r: &Value) -> (Value, Value, Value) {
+    assert_eq!(r["ok"], json!(true), "{r}");
+    (r["dp_size"].clone(), r["dp_size_from"].clone(), r["epoch"].clone())
+}
+
+#[test]
+fn a_resize_holds_across_reloads_until_the_files_dp_size_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dpcoord.toml");
+    write(&file, "[engines]\ndp_size = 8\nmax_dp_size = 12\n");
+    let mut args = vec!["--config", file.to_str().unwrap()];
+    args.extend_from_slice(&FROZEN);
+    let d = Daemon::start(&args);
+    let health = d.health_client();
+    let reload = || health.call(json!({"v": 1, "op": "reload"}));
+    let e0 = d.state()["epoch"].as_u64().unwrap();
+    let r = reload();
+    assert_eq!(admin_reply(&r), (json!(8), json!("file"), json!(e0)));
+    let r = health.call(json!({"v": 1, "op": "resize", "dp_size": 12}));
+    assert_eq!(admin_reply(&r), (json!(12), json!("resize"), json!(e0 + 1)));
+    // The file's dp_size is unchanged: the resize holds, and the log says why.
+    assert_eq!(admin_reply(&reload()), (json!(12), json!("resize"), json!(e0 + 1)));
+    let kept = "dp_size 12 set by a resize stays; engines.dp_size in the configuration is still 8";
+    assert!(logged(&d).contains(kept), "{}", logged(&d));
+    // So does SIGHUP, with another key of the file changed.
+    write(&file, "[engines]\ndp_size = 8\n[routing]\npolicy = \"least_load\"\n");
+    hup(&d, "ok", 3.0);
+    assert_eq!((d.state()["policy"].clone(), d.ranks().len()), (json!("least_load"), 12));
+    assert_eq!(d.metric("dpcoord_dp_size"), Some(12.0));
+    // A larger max_batch than the reply queues were sized for changes nothing.
+    write(&file, "[engines]\ndp_size = 8\n[limits]\nmax_batch = 30000\n");
+    let r = reload();
+    assert_eq!(
+        r["error"]["message"],
+        "limits.max_batch 30000 is above 1024, which the reply queues are sized for at start: cannot change \
+         without a restart; nothing changed",
+        "{r}"
+    );
+    assert_eq!((d.state()["policy"].clone(), d.ranks().len()), (json!("least_load"), 12));
+    // The file's dp_size changes: the file wins, and the log says so.
+    write(&file, "[engines]\ndp_size = 6\n");
+    assert_eq!(admin_reply(&reload()), (json!(6), json!("file"), json!(e0 + 2)));
+    assert_eq!((d.state()["policy"].clone(), d.ranks().len()), (json!("round_robin"), 6));
+    let replaced = "engines.dp_size changed in the configuration from 8 to 6; it replaces dp_size 12 set by a resize";
+    assert!(logged(&d).contains(replaced), "{}", logged(&d));
+    // The same through SIGHUP: resize, then a new dp_size in the file.
+    assert_eq!(admin_reply(&health.call(json!({"v": 1, "op": "resize", "dp_size": 10}))).1, json!("resize"));
+    write(&file, "[engines]\ndp_size = 4\n");
+    hup(&d, "ok", 5.0);
+    assert_eq!((d.ranks().len(), d.metric("dpcoord_dp_size")), (4, Some(4.0)));
+    assert_eq!(admin_reply(&reload()), (json!(4), json!("file"), json!(e0 + 4)));
+    assert_eq!(d.metric(r#"dpcoord_config_reloads_total{result="restart_required"}"#), Some(1.0));
 }

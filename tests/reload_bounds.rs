@@ -90,7 +90,7 @@ fn a_path_swapped_between_a_file_and_a_fifo_never_holds_routing() {
             let expected = match fifo {
                 true => json!({"v": 1, "ok": false, "id": round, "epoch": epoch,
                     "error": {"code": "invalid_config", "message": fifo_refused(&swap.path)}}),
-                false => json!({"v": 1, "ok": true, "id": round, "dp_size": 2, "epoch": epoch}),
+                false => json!({"v": 1, "ok": true, "id": round, "dp_size": 2, "dp_size_from": "file", "epoch": epoch}),
             };
             assert_eq!(r, expected, "round {round}");
         }
@@ -122,7 +122,7 @@ fn a_path_swapped_between_a_file_and_a_fifo_never_holds_routing() {
         let mut answered = [0.0, 0.0];
         for id in 0..400u32 {
             let r: Value = health.call(json!({"v": 1, "op": "reload", "id": id}));
-            let applied = json!({"v": 1, "ok": true, "id": id, "dp_size": 2, "epoch": epoch});
+            let applied = json!({"v": 1, "ok": true, "id": id, "dp_size": 2, "dp_size_from": "file", "epoch": epoch});
             let refused = json!({"v": 1, "ok": false, "id": id, "epoch": epoch,
                 "error": {"code": "invalid_config", "message": fifo_refused(&swap.path)}});
             match r["ok"] == json!(true) {

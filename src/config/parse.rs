@@ -41,6 +41,12 @@ impl<'a> Section<'a> {
         self.int(k).map(Duration::from_millis)
     }
 
+    /// Whether the section (or a flag folded into it) sets `k`: an error
+    /// about a value the user never wrote says it is the default.
+    fn sets(&self, k: &Key) -> bool {
+        self.table.is_some_and(|t| t.contains_key(k.name))
+    }
+
     fn float(&mut self, k: &FloatKey) -> Result<f64, ConfigError> {
         let Some(v) = self.get(&k.key) else { return Ok(k.default) };
         let x = match v {
@@ -240,12 +246,14 @@ pub(super) fn parse_engines(mut s: Section<'_>) -> Result<(Engines, EngineSource
     let readmit_updates = s.int(&keys::READMIT_UPDATES)? as u32;
     let stall_after = s.ms(&keys::STALL_AFTER_MS)?;
     let probe_failures = s.int(&keys::PROBE_FAILURES)? as u32;
+    let stale_mark = if s.sets(&keys::STALE_AFTER_MS.key) { "" } else { ", default" };
+    let down_mark = if s.sets(&keys::DOWN_AFTER_MS.key) { "" } else { " (default)" };
     s.finish()?;
     if down_after <= stale_after {
         return Err(err(
             keys::DOWN_AFTER_MS.key.path(),
             format!(
-                "must be above {} ({} ms), got {} ms",
+                "must be above {} ({} ms{stale_mark}), got {} ms{down_mark}",
                 keys::STALE_AFTER_MS.key.path(),
                 stale_after.as_millis(),
                 down_after.as_millis()

@@ -7,14 +7,17 @@
 //! a socket, or sets a size limit libzmq enforces on one, cannot change
 //! without a restart, and a reload that would change it is refused naming
 //! the key.
+//!
+//! A `resize` holds across reloads until the configuration's own
+//! `engines.dp_size` changes; then that value wins. Either way the reply
+//! says which (`dp_size_from`), and the log warns when the two differ.
 
 use std::time::Instant;
 
 use super::Coordinator;
-use crate::config::Allowlist;
-use crate::config::{keys, Config, ConfigError, Server, Settings};
+use crate::config::{keys, Allowlist, Config, ConfigError, Server, Settings};
 use crate::observability::metrics::ReloadResult;
-use crate::wire::{self, Admin, ErrorCode, Id, OwnedId, SourceLimits, WireError};
+use crate::wire::{self, Admin, DpSizeFrom, ErrorCode, Id, OwnedId, SourceLimits, WireError};
 
 /// What became of a query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +59,19 @@ fn reply_size_key(settings: &Settings, ceiling: u32, sized_batch: u32) -> Option
         ))
     } else {
         None
+    }
+}
+
+/// Where the rank count in force came from, and the configuration's
+/// `engines.dp_size` as last applied (at start or by a reload).
+pub(super) struct DpOrigin {
+    configured: u32,
+    from: DpSizeFrom,
+}
+
+impl DpOrigin {
+    pub(super) fn new(configured: u32) -> Self {
+        DpOrigin { configured, from: DpSizeFrom::File }
     }
 }
 
@@ -144,6 +160,7 @@ impl Coordinator {
         match op {
             Admin::Resize(dp_size) => {
                 self.resize(dp_size);
+                self.dp.from = DpSizeFrom::Resize;
                 Ok(())
             }
             // Reached only without a server (see `answer_health`).
@@ -151,6 +168,11 @@ impl Coordinator {
                 self.reloaded(Err(crate::config::err("config", "this dpcoord has no configuration to re-read")), now)
             }
         }
+    }
+
+    /// The `resize` and `reload` reply: the rank count in force, whence, and the epoch.
+    pub(super) fn admin_reply(&self, id: Option<Id<'_>>, out: &mut Vec<u8>) {
+        wire::encode_admin(out, id, self.engines.dp_size(), self.dp.from, self.engines.epoch());
     }
 
     /// Applies a configuration read again for a reload, or changes nothing
@@ -164,7 +186,8 @@ impl Coordinator {
         self.metrics.reload(result);
         match outcome {
             Ok(()) => {
-                tracing::info!(dp_size = self.engines.dp_size(), policy = self.user.policy().as_str(), "reloaded");
+                let (dp_size, from) = (self.engines.dp_size(), self.dp.from.as_str());
+                tracing::info!(dp_size, dp_size_from = from, policy = self.user.policy().as_str(), "reloaded");
                 Ok(())
             }
             Err((_, why)) => {
@@ -178,14 +201,14 @@ impl Coordinator {
     /// answers, or the refusal (counted like any error reply).
     pub fn reload_reply(&self, id: Option<Id<'_>>, outcome: &Result<(), WireError>, out: &mut Vec<u8>) {
         match outcome {
-            Ok(()) => wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch()),
+            Ok(()) => self.admin_reply(id, out),
             Err(e) => self.refuse(id, e, out),
         }
     }
 
     fn try_reload(&mut self, read: Result<Config, ConfigError>, now: Instant) -> Result<(), (ReloadResult, String)> {
-        let cfg = read.map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
-        let Some(reloadable) = self.config.as_mut() else {
+        let mut cfg = read.map_err(|e| (ReloadResult::Invalid, e.to_string()))?;
+        let Some(reloadable) = self.config.as_ref() else {
             return Err((ReloadResult::Invalid, "this dpcoord has no configuration to re-read".into()));
         };
         if let Some(key) = restart_key(&reloadable.server, &cfg.server)
@@ -196,8 +219,46 @@ impl Coordinator {
         if let Some(why) = reply_size_key(&cfg.settings, self.limits.max_dp_size, reloadable.sized_batch) {
             return Err((ReloadResult::RestartRequired, format!("{why}: cannot change without a restart")));
         }
-        reloadable.server = cfg.server;
+        let configured = cfg.settings.engines.dp_size;
+        let kept = self.kept_dp_size(&cfg.settings).map_err(|why| (ReloadResult::Invalid, why))?;
+        if let Some(reloadable) = self.config.as_mut() {
+            reloadable.server = cfg.server;
+        }
+        cfg.settings.engines.dp_size = kept.unwrap_or(configured);
+        self.dp = DpOrigin { configured, from: kept.map_or(DpSizeFrom::File, |_| DpSizeFrom::Resize) };
         self.reload(cfg.settings, now);
         Ok(())
+    }
+
+    /// The resized rank count a reload keeps (the configuration's
+    /// `engines.dp_size` is the one last applied), or `None` when the
+    /// configuration's value is in force from this reload on; a warning
+    /// when the two differ. A kept count must still fit the new
+    /// `limits.max_batch`, or the reload is refused.
+    fn kept_dp_size(&self, new: &Settings) -> Result<Option<u32>, String> {
+        let (in_force, configured) = (self.engines.dp_size(), new.engines.dp_size);
+        if self.dp.from == DpSizeFrom::File {
+            return Ok(None);
+        }
+        if configured != self.dp.configured {
+            if configured != in_force {
+                tracing::warn!(
+                    "reload: engines.dp_size changed in the configuration from {} to {configured}; \
+                     it replaces dp_size {in_force} set by a resize",
+                    self.dp.configured
+                );
+            }
+            return Ok(None);
+        }
+        keys::check_query_work(in_force, new.limits.max_batch).map_err(|why| {
+            format!("{}: {why} (dp_size {in_force} is in force from a resize)", keys::MAX_BATCH.key.path())
+        })?;
+        if configured != in_force {
+            tracing::warn!(
+                "reload: dp_size {in_force} set by a resize stays; engines.dp_size in the configuration is still \
+                 {configured} (change it there to apply it)"
+            );
+        }
+        Ok(Some(in_force))
     }
 }

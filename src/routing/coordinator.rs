@@ -39,6 +39,8 @@ pub struct Coordinator {
     /// Where `reload` reads the configuration, and the socket settings in
     /// force (allowlists change on reload; the rest needs a restart).
     config: Option<admin::Reloadable>,
+    /// Where the rank count in force came from (a `resize` or the configuration).
+    dp: admin::DpOrigin,
     limits: QueryLimits,
     sources: SourceLimits,
     next_tick: Instant,
@@ -97,6 +99,7 @@ impl Coordinator {
         let c = Coordinator {
             tick_every: settings.routing.tick,
             config: None,
+            dp: admin::DpOrigin::new(settings.engines.dp_size),
             limits: limits(settings, settings.engines.dp_ceiling()),
             sources: source_limits(settings),
             next_tick: now + settings.routing.tick,
@@ -433,7 +436,7 @@ impl Coordinator {
             }
             HealthOp::Admin(op) => {
                 self.admin(op, now)?;
-                wire::encode_admin(out, id, self.engines.dp_size(), self.engines.epoch());
+                self.admin_reply(id, out);
             }
             HealthOp::Prefix(p) => self.answer_prefix(id, &p, out),
         }

@@ -120,10 +120,10 @@ fn resize_and_reload_ops_answer_with_the_new_view() {
     let resize = json!({"v": 1, "op": "resize", "dp_size": 5, "id": "r"});
     assert_eq!(
         ask(&mut c, Channel::Health, resize, t0),
-        json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "epoch": 1})
+        json!({"v": 1, "ok": true, "id": "r", "dp_size": 5, "dp_size_from": "resize", "epoch": 1})
     );
     let ok = reload(&mut c, Some(json!("l")), "[engines]\ndp_size = 3\n", t0);
-    assert_eq!(ok, json!({"v": 1, "ok": true, "id": "l", "dp_size": 3, "epoch": 2}));
+    assert_eq!(ok, json!({"v": 1, "ok": true, "id": "l", "dp_size": 3, "dp_size_from": "file", "epoch": 2}));
     let refused = reload(&mut c, None, "[engines]\ndp_size = 0\n", t0);
     assert_eq!(refused["error"]["code"], "invalid_config");
     assert_eq!(refused["error"]["message"], "engines.dp_size: must be between 1 and 1024, got 0; nothing changed");
@@ -138,6 +138,26 @@ fn resize_and_reload_ops_answer_with_the_new_view() {
     let r: Value = rmp_serde::from_slice(&out).unwrap();
     assert_eq!(r["error"]["message"], "config: this dpcoord has no configuration to re-read; nothing changed");
     assert_eq!(bare.allowlist("route"), None);
+}
+
+/// A size kept from a resize must fit the `max_batch` a reload brings back
+/// (within what the queues were sized for), or the reload changes nothing.
+#[test]
+fn a_kept_resize_must_fit_the_reloaded_max_batch() {
+    let t0 = Instant::now();
+    let mut c = coordinator(8, PolicyKind::RoundRobin).with_server(Config::default().server);
+    let small = "[engines]\ndp_size = 8\n[limits]\nmax_batch = 64\n";
+    assert_eq!(reload(&mut c, None, small, t0)["ok"], true);
+    let resize = json!({"v": 1, "op": "resize", "dp_size": 1024});
+    assert_eq!(ask(&mut c, Channel::Health, resize, t0)["dp_size"], 1024);
+    let refused = reload(&mut c, None, "[engines]\ndp_size = 8\n", t0);
+    assert_eq!(
+        refused["error"]["message"],
+        "limits.max_batch: engines.dp_size = 1024 with limits.max_batch = 1024 is 1048576 rank weighings per \
+         query, above 262144; with this dp_size, max_batch may be at most 256 (dp_size 1024 is in force from a \
+         resize); nothing changed"
+    );
+    assert_eq!(c.engines.dp_size(), 1024);
 }
 
 #[test]

@@ -31,6 +31,7 @@ use crate::sim::record::{Live, Recorder};
 use crate::sim::workload::{Lengths, Load};
 use crate::sim::world::{self, ArmSpec, Handoff, Probe, Prompts};
 use crate::sim::SimError;
+use crate::wire::StateView;
 
 const PROBE_EVERY_MS: u64 = 250;
 
@@ -106,22 +107,45 @@ fn metrics_listener() -> Result<std::net::TcpListener, http::BindError> {
     http::bind(default).or_else(|_| http::bind(SocketAddr::from(([127, 0, 0, 1], 0))))
 }
 
-/// Redraws the table once a second until the time is up, the world ends,
-/// or a signal arrives (then `true`).
+/// Where the live table goes: redrawn in place once a second on a
+/// terminal; written once, as the phase ends, anywhere else (a file, a
+/// pipe), so a log holds each phase's final table and not every frame.
+struct Screen {
+    tty: bool,
+    /// Lines of the table drawn last, which the next one replaces.
+    drawn: usize,
+}
+
+impl Screen {
+    fn draw(&mut self, table: &str) -> std::io::Result<()> {
+        let mut stdout = std::io::stdout().lock();
+        if self.tty && self.drawn > 0 {
+            write!(stdout, "\x1b[{}A\x1b[J", self.drawn)?;
+        }
+        write!(stdout, "{table}")?;
+        stdout.flush()?;
+        self.drawn = table.lines().count();
+        Ok(())
+    }
+}
+
+/// Prints the phase's heading, then (on a terminal) redraws its table once
+/// a second until the time is up, the world ends, or a signal arrives
+/// (then `true`). The heading comes once the signals are caught, so a
+/// Ctrl-C from then on ends the phase, not the process.
 async fn watch(
+    screen: &mut Screen,
     heading: &str,
     local: &Local,
     live: &Live,
     world: &JoinHandle<Result<Recorder, NetError>>,
-    total: Duration,
+    (start, total): (Instant, Duration),
 ) -> std::io::Result<bool> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
-    let tty = std::io::stdout().is_terminal();
-    let start = Instant::now();
+    println!("{heading}");
     let every = Duration::from_secs(1);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let mut drawn = 0;
     loop {
         tokio::select! {
             _ = int.recv() => return Ok(true),
@@ -129,17 +153,26 @@ async fn watch(
             _ = tick.tick() => {}
         }
         let elapsed = start.elapsed().min(total);
-        let text = render(heading, &local.published.state(), live, elapsed, total);
-        let mut stdout = std::io::stdout().lock();
-        if tty && drawn > 0 {
-            write!(stdout, "\x1b[{drawn}A\x1b[J")?;
-        }
-        write!(stdout, "{text}{}", if tty { "" } else { "\n" })?;
-        stdout.flush()?;
-        drawn = text.lines().count();
         if elapsed >= total || world.is_finished() {
             return Ok(false);
         }
+        if screen.tty {
+            screen.draw(&render(&local.published.state(), live, elapsed, total))?;
+        }
+    }
+}
+
+/// dpcoord's table from its first tick from now on (at most 10 ticks
+/// away), which holds every query it has answered: ticks and queries take
+/// turns on its thread.
+async fn next_view(local: &Local, tick: Duration) -> Arc<StateView> {
+    let (now, deadline) = (local.published.state(), tokio::time::Instant::now() + 10 * tick);
+    loop {
+        let view = local.published.state();
+        if !Arc::ptr_eq(&now, &view) || tokio::time::Instant::now() >= deadline {
+            return view;
+        }
+        tokio::time::sleep(tick / 10).await;
     }
 }
 
@@ -169,13 +202,19 @@ fn phase(
             .spawn(move || world::run(&spec, &mut link, &stop, Some(&live)))?
     };
     let heading = phase.heading(&args.policy, args.frontends);
-    let watched = rt.block_on(watch(&heading, &local, &live, &world, Duration::from_secs(args.seconds)));
+    let mut screen = Screen { tty: std::io::stdout().is_terminal(), drawn: 0 };
+    let (start, total) = (Instant::now(), Duration::from_secs(args.seconds));
+    let watched = rt.block_on(watch(&mut screen, &heading, &local, &live, &world, (start, total)));
     stop.store(true, Ordering::Relaxed);
     let rec = match world.join() {
         Ok(r) => r?,
         Err(panic) => std::panic::resume_unwind(panic),
     };
     let interrupted = watched?;
+    // The final table once the world has stopped: its counts and clock are
+    // those the summary reads, so both show the same placements, requests and tok/s.
+    let view = rt.block_on(next_view(&local, Duration::from_millis(settings.tick_ms)));
+    screen.draw(&render(&view, &live, start.elapsed().min(total), total))?;
     if let Err(e) = rt.block_on(web.stop()) {
         tracing::warn!(error = %e, "HTTP server did not stop cleanly");
     }

@@ -68,9 +68,17 @@ impl Outcome {
 /// The closing comparison of the phases run, ending with the verdict.
 pub fn summary(outcomes: &[Outcome], metrics: SocketAddr, frontends: u32, policy: &str) -> String {
     let mut out = format!(
-        "summary ({RANKS} simulated ranks, {frontends} frontends, {CONCURRENCY} requests in flight):\n\
+        "summary ({RANKS} simulated ranks, {}, {CONCURRENCY} requests in flight):\n\
          {:<16}{:<32} {:>5} {:>7} {:>5} {:>5} {:>11} {:>11}\n",
-        "", "user placements per rank", "std", "busiest", "mean", "hit %", "input tok/s", "ttft p99"
+        super::demo_view::frontends(frontends),
+        "",
+        "user placements per rank",
+        "std",
+        "busiest",
+        "mean",
+        "hit %",
+        "input tok/s",
+        "ttft p99"
     );
     for o in outcomes {
         let per_rank: String = o.placements.iter().map(|p| format!("{p:>4}")).collect();

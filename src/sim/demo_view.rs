@@ -63,7 +63,8 @@ impl Phase {
             Phase::Guess => format!(
                 "phase 2/3, vLLM's rule (vLLM 0.33's API servers): each frontend takes the rank with the least\n\
                  max(waiting + running in its snapshot, {frontends} x its own unfinished requests there) and\n\
-                 counts its pick {frontends} times until the next snapshot; it knows nothing of prefixes"
+                 counts its pick {} until the next snapshot; it knows nothing of prefixes",
+                times(frontends)
             ),
             Phase::Dpcoord if super::demo::prefix_aware(policy) => format!(
                 "phase 3/3, through dpcoord ({policy}): each frontend asks dpcoord, which counts every\n\
@@ -78,6 +79,23 @@ impl Phase {
     }
 }
 
+/// `n` frontends, in words: 1 frontend, 2 frontends.
+pub fn frontends(n: u32) -> String {
+    match n {
+        1 => "1 frontend".to_owned(),
+        n => format!("{n} frontends"),
+    }
+}
+
+/// `n` times, in words: once, twice, 3 times.
+fn times(n: u32) -> String {
+    match n {
+        1 => "once".to_owned(),
+        2 => "twice".to_owned(),
+        n => format!("{n} times"),
+    }
+}
+
 /// What every phase sends: shared-prefix prompts (`prompts::Workload::Shared`).
 pub const TENANTS: u32 = 48;
 pub const PREFIX_TOKENS: u32 = 3072;
@@ -87,9 +105,9 @@ pub const OUTPUT_TOKENS: u32 = 32;
 pub const CACHE_BLOCKS: usize = 4096;
 
 /// What the demo runs, printed once at the start.
-pub fn intro(metrics: SocketAddr, seconds: u64, frontends: u32) -> String {
+pub fn intro(metrics: SocketAddr, seconds: u64, count: u32) -> String {
     format!(
-        "dpcoord demo: {RANKS} simulated engines, {frontends} frontends keeping {CONCURRENCY} requests in flight \
+        "dpcoord demo: {RANKS} simulated engines, {} keeping {CONCURRENCY} requests in flight \
          (each takes\n\
          a {}-{} ms hop to its engine) and a prober on the health channel; three phases of {seconds} s\n\
          each. Requests come from {TENANTS} tenants, each a {PREFIX_TOKENS}-token system prompt shared by its\n\
@@ -98,7 +116,9 @@ pub fn intro(metrics: SocketAddr, seconds: u64, frontends: u32) -> String {
          tokens) and skips the cached part of a prompt. In phases 1 and 2 the frontends choose the\n\
          rank and tell dpcoord (a pin); the table is dpcoord's view. Ctrl-C stops early.\n\
          metrics: http://{metrics}/metrics (also /state, /healthz, /readyz)\n",
-        HOP_MS.0, HOP_MS.1
+        frontends(count),
+        HOP_MS.0,
+        HOP_MS.1
     )
 }
 
@@ -108,13 +128,14 @@ pending: placed but not yet in the rank's own stats (the hop); dpcoord counts th
 penalty: TTFT above the median (ttft/median - 1) plus failures; least_load & co. weigh load\n\
 \x20        by 1 + penalty, round_robin ignores it. probes: health probes, never user placements.\n";
 
-/// The live table: dpcoord's view of each rank plus the prober's count.
-pub fn render(heading: &str, view: &StateView, live: &Live, elapsed: Duration, total: Duration) -> String {
+/// The live table, under the phase's heading: dpcoord's view of each rank
+/// plus the prober's count.
+pub fn render(view: &StateView, live: &Live, elapsed: Duration, total: Duration) -> String {
     let width = 30;
     let done = ((elapsed.as_secs_f64() / total.as_secs_f64().max(1e-9)) * width as f64).round() as usize;
     let bar: String = (0..width).map(|i| if i < done.min(width) { '#' } else { '.' }).collect();
     let mut out = format!(
-        "{heading}\n[{bar}] {:>5.1}/{} s  epoch {}\n\
+        "[{bar}] {:>5.1}/{} s  epoch {}\n\
          rank  status  placements  waiting  running  pending  penalty  probes\n",
         elapsed.as_secs_f64(),
         total.as_secs(),

@@ -28,7 +28,7 @@ pub use query::{
 };
 pub use reply::{
     encode_admin, encode_error, encode_health_rank, encode_ok, encode_ping, encode_prefix, encode_ranks, encode_state,
-    Chosen, Explain, Instance, PrefixSource, RankView, StateView,
+    Chosen, DpSizeFrom, Explain, Instance, PrefixSource, RankView, StateView,
 };
 pub use sglang::{decode_sglang_load, SglangError};
 pub use source::{decode_source, SourceError, SourceKind, SourceLimits};

@@ -17,6 +17,27 @@ pub const MAX_ERROR_MESSAGE_BYTES: usize = 512;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Instance(pub u64);
 
+/// Where the rank count in force came from, as the `resize` and `reload`
+/// replies say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DpSizeFrom {
+    /// `engines.dp_size` of the configuration (the file with the flags).
+    File,
+    /// A `resize` op; reloads keep it until the configuration's
+    /// `engines.dp_size` changes.
+    Resize,
+}
+
+impl DpSizeFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DpSizeFrom::File => "file",
+            DpSizeFrom::Resize => "resize",
+        }
+    }
+}
+
 impl Instance {
     /// A fresh instance id. std's `RandomState` is keyed from the operating
     /// system's randomness once per process; the time and process id are
@@ -117,6 +138,7 @@ struct Resized<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<Id<'a>>,
     dp_size: u32,
+    dp_size_from: DpSizeFrom,
     epoch: u64,
 }
 
@@ -239,9 +261,10 @@ pub fn encode_health_rank(out: &mut Vec<u8>, id: Option<Id<'_>>, rank: u32, epoc
     write(out, &HealthRank { v: V, ok: true, id, rank, epoch });
 }
 
-/// `{"v":1,"ok":true,"id":..,"dp_size":N,"epoch":E}` (resize, reload).
-pub fn encode_admin(out: &mut Vec<u8>, id: Option<Id<'_>>, dp_size: u32, epoch: u64) {
-    write(out, &Resized { v: V, ok: true, id, dp_size, epoch });
+/// `{"v":1,"ok":true,"id":..,"dp_size":N,"dp_size_from":F,"epoch":E}`
+/// (resize, reload).
+pub fn encode_admin(out: &mut Vec<u8>, id: Option<Id<'_>>, dp_size: u32, dp_size_from: DpSizeFrom, epoch: u64) {
+    write(out, &Resized { v: V, ok: true, id, dp_size, dp_size_from, epoch });
 }
 
 /// `{"v":1,"ok":true,"id":..}`, with `epoch` when given.
@@ -305,8 +328,9 @@ mod tests {
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"rank":3,"epoch":2}));
         encode_ok(&mut out, Some(Id::Int(-4)), Some(1));
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":-4,"epoch":1}));
-        encode_admin(&mut out, Some(Id::Int(9)), 12, 4);
-        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":9,"dp_size":12,"epoch":4}));
+        encode_admin(&mut out, Some(Id::Int(9)), 12, DpSizeFrom::Resize, 4);
+        let resized = serde_json::json!({"v":1,"ok":true,"id":9,"dp_size":12,"dp_size_from":"resize","epoch":4});
+        assert_eq!(decode(&out), resized);
         encode_ok(&mut out, None, None);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true}));
         encode_prefix(&mut out, Some(Id::Int(1)), 3, &[3, 0]);
