@@ -70,9 +70,16 @@ def test_no_dpcoord_is_answered_at_once_and_dpcoord_is_used_when_it_comes(start_
     assert answer[1] is None and answer[0] in (0, 1)
 
 
+class Held:
+    """An answer the fake sends only after it has answered the next query."""
+
+    def __init__(self, reply: bytes):
+        self.reply = reply
+
+
 class FakeRoute:
-    """A route socket that answers each query with ``answer(query)`` (bytes), or
-    not at all (None); pings are answered only while ``pings`` is set."""
+    """A route socket that answers each query with ``answer(query)`` (bytes), not at
+    all (None), or later (:class:`Held`); pings are answered only while ``pings`` is set."""
 
     def __init__(self, endpoint: str, answer):
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
@@ -81,6 +88,7 @@ class FakeRoute:
         self.answer = answer
         self.pings = threading.Event()
         self.queries = 0
+        self.held: list[list[bytes]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -98,8 +106,13 @@ class FakeRoute:
                 continue
             self.queries += 1
             reply = self.answer(query)
+            if isinstance(reply, Held):
+                self.held.append([*envelope, reply.reply])
+                continue
             if reply is not None:
                 self.sock.send_multipart([*envelope, reply])
+            while self.held:
+                self.sock.send_multipart(self.held.pop(0))
 
     def close(self):
         self._stop.set()
@@ -173,7 +186,9 @@ def test_a_request_id_is_the_query_id_when_dpcoord_can_take_it(tmp_path):
 
     def answer(q):
         seen.append(q["id"])
-        return ok(q, ranks=[0])
+        # The first "same" is answered only after the next query arrives, so
+        # both are in flight however fast the fake could answer.
+        return Held(ok(q, ranks=[0])) if q["id"] == "same" else ok(q, ranks=[0])
 
     fake = FakeRoute(f"ipc://{tmp_path}/route", answer)
     try:
