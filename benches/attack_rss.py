@@ -3,7 +3,7 @@
 Each attack gets a fresh daemon (so its peak RSS, VmHWM, is the attack's own)
 and prints RSS before, at the peak and after the attackers left, and whether a
 new frontend's ping and /healthz were answered while the attack held.
-tests/memory_ceiling.rs asserts the same in a bounded form; this is the full size.
+tests/it/memory_ceiling.rs asserts the same in a bounded form; this is the full size.
 
 usage: .venv/bin/python benches/attack_rss.py BIN [ATTACK ...]
   attacks: ids envelope idle_http idle_http_1024 peers peers_spread (default: all)

@@ -8,7 +8,7 @@
 //!
 //! The per-entry costs are the worst a hash map entry reaches (a table just
 //! grown is 7/16 full), measured by `cargo bench --bench dpcoord -- prefix`
-//! and held by `tests/memory_ceiling.rs`.
+//! and held by `tests/it/memory_ceiling.rs`.
 
 use super::{Server, Settings};
 

@@ -14,7 +14,7 @@
 //! what is left of the old session, `zmq_connect` starts a new one (never
 //! two). Should libzmq's retry event come later than [`GRACE`], the same
 //! replacement still leaves exactly one session; only the count is one more.
-//! `tests/source_bounds.rs::libzmq_retries_a_lost_link_but_never_one_closed_over_an_oversized_frame`
+//! `tests/it/source_bounds.rs::libzmq_retries_a_lost_link_but_never_one_closed_over_an_oversized_frame`
 //! checks this against the vendored libzmq.
 
 use std::time::{Duration, Instant};

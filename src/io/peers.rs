@@ -20,7 +20,7 @@
 //! carries no file descriptor, so its `DISCONNECTED` could not be told from
 //! a refused one's; a refused connection is closed within milliseconds, so
 //! the two counts differ only that long.
-//! `tests/peer_cap.rs::libzmq_ends_every_accepted_connection_with_one_disconnect`
+//! `tests/it/peer_cap.rs::libzmq_ends_every_accepted_connection_with_one_disconnect`
 //! checks this against the vendored libzmq.
 
 use std::os::fd::RawFd;

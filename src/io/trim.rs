@@ -7,7 +7,7 @@
 //! of reusing it, past the 128 MiB container limit. `malloc_trim(0)` hands the
 //! free pages of every arena back (measured: 92 MB -> 17 MB), so one thread
 //! calls it every [`EVERY`]; with nothing to return it costs microseconds.
-//! (tests/memory_ceiling.rs, `two_thousand_connected_peers_...`.)
+//! (tests/it/memory_ceiling.rs, `two_thousand_connected_peers_...`.)
 
 use std::time::Duration;
 
