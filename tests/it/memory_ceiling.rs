@@ -74,6 +74,22 @@ fn up8_capped(dir: &tempfile::TempDir, route_max_peers: u32) -> Daemon {
     d
 }
 
+/// `n` DEALERs on `endpoint` that read next to nothing (a queue of one
+/// message, a 4 KB kernel buffer) and send without limit.
+fn never_reading(ctx: &zmq::Context, n: usize, endpoint: &str) -> Vec<zmq::Socket> {
+    (0..n)
+        .map(|_| {
+            let s = ctx.socket(zmq::DEALER).unwrap();
+            s.set_linger(0).unwrap();
+            s.set_rcvhwm(1).unwrap();
+            s.set_rcvbuf(4096).unwrap();
+            s.set_sndhwm(0).unwrap();
+            s.connect(endpoint).unwrap();
+            s
+        })
+        .collect()
+}
+
 /// 8 DEALERs that never read send 400 pings each whose `id` is a 60 KB
 /// string. Before the id cap every reply echoed it, and the replies queued
 /// for the never-reading peers took RSS to 660 MB (2,000 pings each).
@@ -84,17 +100,7 @@ fn never_reading_peers_sending_huge_ids_stay_under_the_ceiling() {
     let before = status_kib(d.pid(), "VmRSS");
     let ctx = zmq::Context::new();
     let ping = query("ping", "x".repeat(60_000), &[]);
-    let peers: Vec<zmq::Socket> = (0..8)
-        .map(|_| {
-            let s = ctx.socket(zmq::DEALER).unwrap();
-            s.set_linger(0).unwrap();
-            s.set_rcvhwm(1).unwrap();
-            s.set_rcvbuf(4096).unwrap();
-            s.set_sndhwm(0).unwrap();
-            s.connect(&d.route).unwrap();
-            s
-        })
-        .collect();
+    let peers = never_reading(&ctx, 8, &d.route);
     for _ in 0..400 {
         for p in &peers {
             p.send_multipart([&b""[..], &ping], 0).unwrap();
@@ -131,17 +137,7 @@ fn never_reading_state_peers_after_a_resize_hold_their_queue_and_no_more() {
     let start = d.metric(answered).unwrap_or(0.0);
     let ctx = zmq::Context::new();
     let state = query("state", 1, &[]);
-    let peers: Vec<zmq::Socket> = (0..8)
-        .map(|_| {
-            let s = ctx.socket(zmq::DEALER).unwrap();
-            s.set_linger(0).unwrap();
-            s.set_rcvhwm(1).unwrap();
-            s.set_rcvbuf(4096).unwrap();
-            s.set_sndhwm(0).unwrap();
-            s.connect(&d.route).unwrap();
-            s
-        })
-        .collect();
+    let peers = never_reading(&ctx, 8, &d.route);
     for _ in 0..100 {
         for p in &peers {
             p.send_multipart([&b""[..], &state], 0).unwrap();
