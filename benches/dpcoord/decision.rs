@@ -207,11 +207,12 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         max_message_bytes: 65536,
         max_prompt_tokens: 262_144,
     };
+    let mut tokens = Vec::new();
     let decode = budget.median_ns(
         &mut (),
         |_, chunk| {
             for _ in 0..chunk {
-                black_box(wire::decode_route_query(black_box(&query), &limits).is_ok());
+                black_box(wire::decode_route_query(black_box(&query), &limits, &mut tokens).is_ok());
             }
         },
         |_, _| {},

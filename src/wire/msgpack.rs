@@ -3,7 +3,9 @@
 //! It reads one value header at a time, so decoders can walk a map, pick the
 //! keys they know and skip the rest without building a tree. Nothing here
 //! trusts a length prefix: every read is checked against the bytes actually
-//! present, so no input can make it allocate or loop beyond its own size.
+//! present, so no input can make it allocate or loop beyond its own size
+//! (`small_uints_into` grows only the caller's buffer, by at most one id
+//! per byte left).
 
 use rmp::Marker;
 
