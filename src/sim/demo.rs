@@ -92,6 +92,7 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
             oracle: None,
             local: phase.rule(),
         },
+        replay: None,
     }
 }
 
