@@ -228,7 +228,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub prefix_concurrency: u32,
     /// prefix, trace: each rank's prefix-cache capacity in blocks of 16 tokens [default: 4096 in
-    /// prefix, 2048 in trace].
+    /// prefix; 16384 in trace, where it is the rank's KV memory and bounds the batch too].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub cache_blocks: Option<u64>,
     /// prefix: workloads to run (repeatable: shared-prefix, multi-turn-chat, no-sharing); default all.

@@ -61,7 +61,7 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
 /// the caller's.
 pub fn routed(a: &SimArgs, arm: &str, frontends: u32, weights: CacheWeights) -> (ArmSpec, DaemonSettings) {
     let name = format!("{arm}/{frontends}");
-    let cache = CacheSpec { block: BLOCK, capacity: a.cache_blocks() as usize };
+    let cache = CacheSpec { block: BLOCK, capacity: a.cache_blocks() as usize, bounded: false };
     let (policy, kv_events, on_wire, oracle, mode) = match arm {
         "round_robin" | "least_load" => (arm, false, false, None, None),
         "cache_aware/approx" => ("cache_aware", false, true, None, Some("approximate")),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::model::DEFAULT_COST;
 use super::prefix::{self, BLOCK};
+use super::prefix_cache::CacheSpec;
 use super::prefix_report as report;
 use super::record::ArmResult;
 use super::report::thousands;
@@ -28,9 +29,9 @@ use super::{SimArgs, SimError};
 pub const ARMS: [&str; 6] =
     ["round_robin", "least_load", "lmetric/events", "cache_aware/approx", "cache_aware/events", "bound"];
 
-/// Each rank's prefix cache unless `--cache-blocks` says otherwise: 32k
-/// tokens, a few of the agentic trace's system prompts.
-pub const CACHE_BLOCKS: u64 = 2048;
+/// Each rank's KV memory unless `--cache-blocks` says otherwise: 256k
+/// tokens, some 30 of the agentic trace's requests.
+pub const CACHE_BLOCKS: u64 = 16_384;
 
 /// Rows `--generate` writes unless `--requests` says otherwise.
 pub const GENERATED: u64 = 2000;
@@ -61,6 +62,7 @@ fn run(a: &SimArgs, replay: &Arc<Replay>, arm: &str, frontends: u32) -> Result<A
     let longest = replay.requests.iter().map(|(_, p)| u64::from(p.prompt_len)).max().unwrap_or(0);
     settings.max_message_bytes = settings.max_message_bytes.max(longest * 3 + 4096);
     let last = replay.last_arrival();
+    spec.engine.cache = spec.engine.cache.map(|c| CacheSpec { bounded: true, ..c });
     spec.load = Load::Scheduled;
     spec.prompts = None;
     spec.replay = Some(Arc::clone(replay));
