@@ -89,11 +89,15 @@ fn params(shape: Shape) -> Params {
     }
 }
 
-fn output(rng: &mut SmallRng, scale: f64) -> u32 {
-    let q: f64 = rng.random();
+/// The output length at quantile `q`, linear between the published points, times `scale`.
+fn output_at(q: f64, scale: f64) -> u32 {
     let i = OUTPUT_QUANTILES.iter().position(|&(p, _)| p >= q).unwrap_or(7).max(1);
     let ((p0, v0), (p1, v1)) = (OUTPUT_QUANTILES[i - 1], OUTPUT_QUANTILES[i]);
     ((v0 + (v1 - v0) * (q - p0) / (p1 - p0)) * scale).round().max(1.0) as u32
+}
+
+fn output(rng: &mut SmallRng, scale: f64) -> u32 {
+    output_at(rng.random(), scale)
 }
 
 /// Hands out fresh block ids.
@@ -217,8 +221,9 @@ mod tests {
 
     #[test]
     fn output_quantiles_interpolate() {
-        let mut rng = SmallRng::seed_from_u64(3);
-        let v: Vec<u32> = (0..1000).map(|_| output(&mut rng, 1.0)).collect();
-        assert_eq!((v.iter().min(), v.iter().max()), (Some(&1), Some(&1832)));
+        assert_eq!([0.0, 0.1, 0.5, 0.99].map(|q| output_at(q, 1.0)), [1, 24, 350, 1115]);
+        // A fifth of the way from p25 (156) to p50 (350).
+        assert_eq!(output_at(0.3, 1.0), 195);
+        assert_eq!(output_at(0.5, 182.0 / 343.0), 186);
     }
 }
