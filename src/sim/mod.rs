@@ -318,7 +318,13 @@ impl SimArgs {
                 format!("the arms {}", arms.join(", "))
             } else {
                 let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.as_str()).collect();
-                format!("a routing.policy: {} (`{p}` is an arm of the prefix scenario only)", names.join(", "))
+                let of = |arms: &[&str]| arms.contains(&p.as_str());
+                let only = match (of(&prefix::ARMS), of(&trace::ARMS)) {
+                    (true, true) => "the prefix and trace scenarios",
+                    (true, false) => "the prefix scenario",
+                    _ => "the trace scenario",
+                };
+                format!("a routing.policy: {} (`{p}` is an arm of {only} only)", names.join(", "))
             };
             return Err(SimError::Usage(format!("--policy {p}: {scenario} runs {takes}")));
         }
