@@ -63,7 +63,7 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
             chunk: 8192,
             max_running: 256,
             cost: DEFAULT_COST,
-            cache: Some(CacheSpec { block: 16, capacity: CACHE_BLOCKS }),
+            cache: Some(CacheSpec { block: 16, capacity: CACHE_BLOCKS, bounded: false }),
         },
         lockstep: false,
         slow: None,
@@ -92,6 +92,7 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
             oracle: None,
             local: phase.rule(),
         },
+        replay: None,
     }
 }
 

@@ -70,6 +70,8 @@ pub struct DaemonSettings {
     pub kv_events: bool,
     /// More `[routing]` keys, by name (`prefix_mode`, the `cache_*` weights).
     pub routing: Vec<(&'static str, toml::Value)>,
+    /// `limits.max_message_bytes`: room for the longest prompt's `tokens` on a `route`.
+    pub max_message_bytes: u64,
 }
 
 impl DaemonSettings {
@@ -89,6 +91,7 @@ impl DaemonSettings {
             metrics_bind: keys::METRICS_BIND.default.into(),
             kv_events: false,
             routing: Vec::new(),
+            max_message_bytes: keys::MAX_MESSAGE_BYTES.default,
         }
     }
 
@@ -110,6 +113,7 @@ impl DaemonSettings {
         keys::TICK_MS.key.set(&mut t, i(self.tick_ms));
         keys::PENDING_TTL_MS.key.set(&mut t, i(self.pending_ttl_ms));
         keys::PENDING_TRANSIT_MS.key.set(&mut t, i(self.pending_transit_ms));
+        keys::MAX_MESSAGE_BYTES.key.set(&mut t, i(self.max_message_bytes));
         if !eps.load.is_empty() {
             let load = eps.load.iter().map(|ep| s(ep)).collect();
             keys::SGLANG_LOAD_CONNECT.key.set(&mut t, toml::Value::Array(load));

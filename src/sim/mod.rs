@@ -27,6 +27,10 @@
 //!   `prefix_report`: prefix caches per rank (LRU, prefill of uncached
 //!   tokens only), vLLM KV-event batches to dpcoord, shared-prefix / chat /
 //!   no-sharing workloads with token ids, the oracle arm, the `cache_aware` sweep
+//! - `trace`, `trace_file`, `trace_replay`, `trace_gen`, `trace_bound`:
+//!   published request traces (Mooncake, Bailian) replayed on their
+//!   timestamps over prefix caches, generated traces of their shape, and
+//!   the bound no placement can beat
 //! - `vllm_dp`: vLLM's own DP balancing (`stale`) against the same API
 //!   servers asking dpcoord, on shared prefixes
 //! - `stale`: frontends placing requests themselves (a stale snapshot, or
@@ -61,6 +65,11 @@ pub mod stale;
 pub mod stepped;
 pub mod svg;
 pub mod svg_heat;
+pub mod trace;
+pub mod trace_bound;
+pub mod trace_file;
+pub mod trace_gen;
+pub mod trace_replay;
 pub mod vllm_dp;
 pub mod workload;
 pub mod world;
@@ -88,6 +97,8 @@ pub enum SimError {
     Http(#[from] crate::io::http::BindError),
     #[error("{0}")]
     Usage(String),
+    #[error("{0}")]
+    Trace(#[from] trace_file::TraceError),
     #[error("{scenario}: {what}")]
     Broken { scenario: &'static str, what: String },
 }
@@ -118,7 +129,11 @@ pub enum Scenario {
     /// vLLM 0.33's own DP balancing against the same 2 and 4 API servers asking dpcoord
     /// (least_load, cache_aware with KV events), shared prefixes and prefix caches.
     VllmDp,
-    /// Each of the above in turn, except prefix and vllm-dp (runs of their own).
+    /// Replays FILE, a Mooncake or Bailian trace, on its timestamps over prefix caches: the
+    /// prefix arms and a bound no placement beats, as recorded and with nothing shared, at 1
+    /// and 4 frontends (`--generate SHAPE` writes FILE instead).
+    Trace,
+    /// Each of the above in turn, except prefix, vllm-dp and trace (runs of their own).
     All,
 }
 
@@ -137,6 +152,17 @@ pub enum DaemonMode {
 pub struct SimArgs {
     #[arg(value_enum)]
     pub scenario: Scenario,
+    /// trace: the trace to replay (JSON Lines in Mooncake's or Bailian's format), or the file
+    /// `--generate` writes.
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// trace: write FILE, a trace in Mooncake's format with the published shape of this
+    /// workload (`--requests` rows [default: 2000], `--seed`), and run nothing.
+    #[arg(long, value_enum, value_name = "SHAPE")]
+    pub generate: Option<trace_gen::Shape>,
+    /// trace: replay the trace this many times as fast as it was recorded.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub time_scale: f64,
     /// Directory for the text reports and SVG charts.
     #[arg(long, value_name = "DIR", default_value = "sim-out")]
     pub out: PathBuf,
@@ -194,15 +220,17 @@ pub struct SimArgs {
     /// health-matrix uses the first (default round_robin).
     #[arg(long = "policy", value_name = "NAME", value_parser = policy_or_arm_names())]
     pub policies: Vec<String>,
-    /// prefix, vllm-dp: requests per arm over all frontends [default: 960 in prefix, 4800 in vllm-dp].
+    /// prefix, vllm-dp, trace: requests per arm over all frontends [default: 960 in prefix, 4800 in
+    /// vllm-dp, every row of the trace in trace].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub requests: Option<u64>,
     /// prefix: requests in flight (closed loop) over all frontends.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub prefix_concurrency: u32,
-    /// prefix: each rank's prefix-cache capacity in blocks of 16 tokens.
-    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub cache_blocks: u64,
+    /// prefix, trace: each rank's prefix-cache capacity in blocks of 16 tokens [default: 4096 in
+    /// prefix; 16384 in trace, where it is the rank's KV memory and bounds the batch too].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub cache_blocks: Option<u64>,
     /// prefix: workloads to run (repeatable: shared-prefix, multi-turn-chat, no-sharing); default all.
     #[arg(long = "workload", value_name = "NAME", value_parser = workload_names())]
     pub workloads: Vec<String>,
@@ -220,7 +248,8 @@ pub(crate) fn policy_names() -> PossibleValuesParser {
 /// `--policy` of `dpcoord sim`: a `routing.policy`, or an arm of the prefix
 /// scenario (`SimArgs::check` refuses an arm elsewhere).
 fn policy_or_arm_names() -> PossibleValuesParser {
-    let arms = prefix::ARMS.into_iter().filter(|arm| PolicyKind::parse(arm).is_none());
+    let trace_only = trace::ARMS.into_iter().filter(|arm| !prefix::ARMS.contains(arm));
+    let arms = prefix::ARMS.into_iter().chain(trace_only).filter(|arm| PolicyKind::parse(arm).is_none());
     PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::as_str).into_iter().chain(arms))
 }
 
@@ -229,10 +258,28 @@ fn workload_names() -> PossibleValuesParser {
 }
 
 impl SimArgs {
+    /// `--cache-blocks`, or the scenario's default.
+    pub fn cache_blocks(&self) -> u64 {
+        let default = if self.scenario == Scenario::Trace { trace::CACHE_BLOCKS } else { 4096 };
+        self.cache_blocks.unwrap_or(default)
+    }
+
     fn check(&self) -> Result<(), SimError> {
         self.check_policies()?;
         if !(self.speed.is_finite() && self.speed >= 0.0) {
             return Err(SimError::Usage(format!("--speed must be a number >= 0, got {}", self.speed)));
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return Err(SimError::Usage(format!("--time-scale must be a number > 0, got {}", self.time_scale)));
+        }
+        match (self.scenario, &self.file, self.generate) {
+            (Scenario::Trace, None, _) => return Err(SimError::Usage("trace needs FILE, the trace to replay".into())),
+            (Scenario::Trace, Some(_), _) => {}
+            (_, Some(f), _) => {
+                return Err(SimError::Usage(format!("{}: only the trace scenario takes a FILE", f.display())))
+            }
+            (_, None, Some(_)) => return Err(SimError::Usage("--generate belongs to the trace scenario".into())),
+            (_, None, None) => {}
         }
         match self.rate {
             Some(r) if !(r.is_finite() && r > 0.0) => {
@@ -254,20 +301,30 @@ impl SimArgs {
                 )));
             }
         }
+        let arms: Option<&[&str]> = match self.scenario {
+            Scenario::Prefix => Some(&prefix::ARMS),
+            Scenario::Trace => Some(&trace::ARMS),
+            _ => None,
+        };
         for p in &self.policies {
-            let known = if self.scenario == Scenario::Prefix {
-                prefix::ARMS.iter().any(|arm| arm == p || arm.split('/').next() == Some(p.as_str()))
-            } else {
-                PolicyKind::parse(p).is_some()
+            let known = match arms {
+                Some(arms) => arms.iter().any(|arm| arm == p || arm.split('/').next() == Some(p.as_str())),
+                None => PolicyKind::parse(p).is_some(),
             };
             if known {
                 continue;
             }
-            let takes = if self.scenario == Scenario::Prefix {
-                format!("the arms {}", prefix::ARMS.join(", "))
+            let takes = if let Some(arms) = arms {
+                format!("the arms {}", arms.join(", "))
             } else {
                 let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.as_str()).collect();
-                format!("a routing.policy: {} (`{p}` is an arm of the prefix scenario only)", names.join(", "))
+                let of = |arms: &[&str]| arms.contains(&p.as_str());
+                let only = match (of(&prefix::ARMS), of(&trace::ARMS)) {
+                    (true, true) => "the prefix and trace scenarios",
+                    (true, false) => "the prefix scenario",
+                    _ => "the trace scenario",
+                };
+                format!("a routing.policy: {} (`{p}` is an arm of {only} only)", names.join(", "))
             };
             return Err(SimError::Usage(format!("--policy {p}: {scenario} runs {takes}")));
         }
@@ -292,12 +349,15 @@ fn write_outcome(out: &std::path::Path, o: &scenario::Outcome) -> Result<(), Sim
     Ok(())
 }
 
-/// `dpcoord sim`: runs the scenario, prints and writes the reports.
+/// `dpcoord sim`: runs the scenario, prints and writes the reports (or,
+/// with `--generate`, writes the trace).
 pub fn main(args: &SimArgs) -> ExitCode {
-    let result = args
-        .check()
-        .and_then(|()| make_out(&args.out))
-        .and_then(|()| scenario::run(args.scenario, args, &mut |o| write_outcome(&args.out, &o)));
+    let result = args.check().and_then(|()| match (args.generate, &args.file) {
+        (Some(shape), Some(file)) => trace::write_generated(shape, file, args),
+        _ => {
+            make_out(&args.out).and_then(|()| scenario::run(args.scenario, args, &mut |o| write_outcome(&args.out, &o)))
+        }
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ SimError::Usage(_)) => {

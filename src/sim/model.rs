@@ -163,6 +163,23 @@ impl SimEngine {
         self.hits[1] += u64::from(job.prefilled);
     }
 
+    /// Whether `job` may join the batch: always, unless the cache is the
+    /// rank's bounded KV memory and the blocks the job adds (those of its
+    /// prompt and answer it does not find) do not fit beside those running
+    /// jobs hold or are still to fill. A job joins an empty batch whatever
+    /// its size.
+    fn fits(&self, job: &Job) -> bool {
+        let (Some(c), Some(p)) = (self.cache.as_ref(), job.content.as_ref()) else { return true };
+        if !c.spec.bounded || self.running.is_empty() {
+            return true;
+        }
+        let found = c.matched(&p.hashes[..p.prompt_blocks(c.spec.block)]);
+        // What running jobs hold, and the blocks (and partial one) each is still to fill.
+        let ahead: usize =
+            self.running.iter().filter_map(|j| j.content.as_ref().map(|q| q.hashes.len() + 1 - j.held)).sum();
+        c.referenced() + ahead + p.hashes.len() + 1 - found <= c.spec.capacity
+    }
+
     pub fn is_alive(&self) -> bool {
         self.alive
     }
@@ -206,7 +223,8 @@ impl SimEngine {
             job.scheduled = take;
             budget -= take;
         }
-        while budget > 0 && self.running.len() < self.max_running {
+        while budget > 0 && self.running.len() < self.max_running && self.waiting.front().is_some_and(|j| self.fits(j))
+        {
             let Some(mut job) = self.waiting.pop_front() else { break };
             self.look_up(&mut job);
             job.scheduled = budget.min(job.prompt - job.prefilled);

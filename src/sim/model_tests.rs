@@ -68,8 +68,29 @@ fn chunks_spill_into_the_next_job_and_decode_goes_first() {
 }
 
 #[test]
+fn a_bounded_cache_holds_a_job_back_until_its_blocks_fit() {
+    let spec = CacheSpec { block: 4, capacity: 10, bounded: true };
+    let mut e = engine(8192).with_cache(Some(spec));
+    // Each job: 20 prompt and 2 answer tokens, 5 whole blocks; 6 with the partial one.
+    let job = |id: u64, first: u32| {
+        Job::with_content(id, Arc::new(Prompt::new((first..first + 22).collect(), 20, 4, None)), 0)
+    };
+    e.admit(job(1, 1));
+    e.admit(job(2, 100));
+    assert_eq!(e.plan(), 20, "job 1 joins the empty batch; job 2's 6 blocks do not fit beside its 5");
+    assert_eq!(e.counts()[..2], [1, 1]);
+    drain(&mut e);
+    assert_eq!(e.counts()[3], 2, "job 2 ran once job 1 let go of its blocks");
+    // Unbounded, both join at once.
+    let mut free = engine(8192).with_cache(Some(CacheSpec { bounded: false, ..spec }));
+    free.admit(job(1, 1));
+    free.admit(job(2, 100));
+    assert_eq!(free.plan(), 40);
+}
+
+#[test]
 fn a_cached_prefix_is_not_prefilled_again() {
-    let mut e = engine(8192).with_cache(Some(CacheSpec { block: 4, capacity: 100 }));
+    let mut e = engine(8192).with_cache(Some(CacheSpec { block: 4, capacity: 100, bounded: false }));
     // 18 prompt tokens and 2 answer tokens: 5 whole blocks, 4 of them the prompt's.
     let p = Arc::new(Prompt::new((1..=20).collect(), 18, 4, None));
     e.admit(Job::with_content(1, Arc::clone(&p), 0));

@@ -42,7 +42,7 @@ mod tests {
 
     #[test]
     fn the_rank_holding_the_prefix_wins_until_the_guard_trips() {
-        let spec = Some(CacheSpec { block: 4, capacity: 100 });
+        let spec = Some(CacheSpec { block: 4, capacity: 100, bounded: false });
         let mut e: Vec<SimEngine> =
             (0..3).map(|_| SimEngine::new(8192, 256, DEFAULT_COST, 100).with_cache(spec)).collect();
         let p = Arc::new(Prompt::new((1..=41).collect(), 40, 4, None));

@@ -47,10 +47,21 @@ fn weights_of(w: CacheWeights) -> Vec<(&'static str, toml::Value)> {
     ]
 }
 
-/// One arm's run and its daemon's settings.
+/// One arm's run on workload `w` and its daemon's settings.
 pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWeights) -> (ArmSpec, DaemonSettings) {
+    let (mut spec, settings) = routed(a, arm, frontends, weights);
+    spec.load = Load::Closed { concurrency: a.prefix_concurrency };
+    spec.prompts = Some(a.requests.unwrap_or(REQUESTS));
+    spec.prompts_of.workload = Some(w);
+    (spec, settings)
+}
+
+/// An arm's engines (prefix caches of `--cache-blocks`), daemon settings
+/// and who places requests, for requests that carry tokens; the load is
+/// the caller's.
+pub fn routed(a: &SimArgs, arm: &str, frontends: u32, weights: CacheWeights) -> (ArmSpec, DaemonSettings) {
     let name = format!("{arm}/{frontends}");
-    let cache = CacheSpec { block: BLOCK, capacity: a.cache_blocks as usize };
+    let cache = CacheSpec { block: BLOCK, capacity: a.cache_blocks() as usize, bounded: false };
     let (policy, kv_events, on_wire, oracle, mode) = match arm {
         "round_robin" | "least_load" => (arm, false, false, None, None),
         "cache_aware/approx" => ("cache_aware", false, true, None, Some("approximate")),
@@ -73,11 +84,9 @@ pub fn arm(a: &SimArgs, w: Workload, arm: &str, frontends: u32, weights: CacheWe
         engine: EngineSpec { chunk: a.chunk, max_running: 256, cost: DEFAULT_COST, cache: Some(cache) },
         lockstep: a.lockstep.unwrap_or(false),
         frontends,
-        load: Load::Closed { concurrency: a.prefix_concurrency },
-        prompts: Some(a.requests.unwrap_or(REQUESTS)),
         sample_every: 250_000,
         horizon: 3_600_000_000,
-        prompts_of: Prompts { workload: Some(w), on_wire, oracle, local: None },
+        prompts_of: Prompts { workload: None, on_wire, oracle, local: None },
         ..base(a, &name, false)
     };
     (spec, settings)
@@ -109,7 +118,7 @@ pub(super) fn setup(a: &SimArgs) -> String {
         a.ranks,
         if a.lockstep.unwrap_or(false) { " in lockstep" } else { " stepping on their own" },
         a.chunk,
-        a.cache_blocks,
+        a.cache_blocks(),
         a.prefix_concurrency,
         a.requests.unwrap_or(REQUESTS),
         a.speed,
@@ -136,7 +145,8 @@ pub fn prefix(a: &SimArgs) -> Result<Outcome, SimError> {
         all.push((w, results));
     }
     text.push_str(&super::report::caveats(&all.iter().flat_map(|(_, r)| r.clone()).collect::<Vec<_>>()));
-    let svg = report::chart("prefix: throughput and TTFT p90 per arm (solid: 1 frontend, pale: 4)", &all);
+    let named: Vec<(&str, Vec<ArmResult>)> = all.into_iter().map(|(w, r)| (w.name(), r)).collect();
+    let svg = report::chart("prefix: throughput and TTFT p90 per arm (solid: 1 frontend, pale: 4)", &named);
     Ok(Outcome { name: "prefix", text, svg, broken: None })
 }
 
@@ -169,7 +179,7 @@ fn sweep(a: &SimArgs) -> Result<Outcome, SimError> {
     let base = [run(a, random, "least_load", 1, CacheWeights::default())?];
     let mut text = format!("prefix --sweep: cache_aware (events) weights, 1 frontend\n{}\n\n", setup(a));
     text.push_str(&report::sweep_table(&rows, &base[0]));
-    let all: Vec<(Workload, Vec<ArmResult>)> = vec![(shared, rows.iter().map(|(l, s, _)| labelled(s, l)).collect())];
+    let all = [(shared.name(), rows.iter().map(|(l, s, _)| labelled(s, l)).collect())];
     let svg = report::chart("prefix --sweep: shared prefixes under each cache_aware variation", &all);
     Ok(Outcome { name: "prefix-sweep", text, svg, broken: None })
 }

@@ -16,6 +16,10 @@ pub struct CacheSpec {
     pub block: u32,
     /// Blocks a rank holds; referenced blocks may go above it (never evicted).
     pub capacity: usize,
+    /// The capacity is the rank's KV memory: a job joins the batch only
+    /// while the blocks it adds fit beside those running jobs reference
+    /// (as vLLM waits for free blocks); else it bounds only cached blocks.
+    pub bounded: bool,
 }
 
 /// One KV event, as vLLM publishes it.
@@ -54,7 +58,7 @@ pub struct PrefixCache {
 
 impl PrefixCache {
     pub fn new(spec: CacheSpec) -> PrefixCache {
-        let spec = CacheSpec { block: spec.block.max(1), capacity: spec.capacity };
+        let spec = CacheSpec { block: spec.block.max(1), ..spec };
         PrefixCache { spec, blocks: HashMap::new(), lru: BTreeMap::new(), tick: 0, events: Vec::new(), evicted: 0 }
     }
 
@@ -70,8 +74,12 @@ impl PrefixCache {
     /// vLLM's `kv_cache_usage`, which counts cached blocks no request uses
     /// as free (they are evicted on demand).
     pub fn usage(&self) -> f64 {
-        let referenced = self.blocks.len() - self.lru.len();
-        (referenced as f64 / self.spec.capacity.max(1) as f64).min(1.0)
+        (self.referenced() as f64 / self.spec.capacity.max(1) as f64).min(1.0)
+    }
+
+    /// Blocks running jobs reference.
+    pub fn referenced(&self) -> usize {
+        self.blocks.len() - self.lru.len()
     }
 
     /// How many of `hashes`, from the first, the cache holds (no side effect).
@@ -174,7 +182,7 @@ mod tests {
     use super::*;
 
     fn cache(capacity: usize) -> PrefixCache {
-        PrefixCache::new(CacheSpec { block: 2, capacity })
+        PrefixCache::new(CacheSpec { block: 2, capacity, bounded: false })
     }
 
     #[test]

@@ -181,8 +181,8 @@ fn panel(out: &mut String, x: f64, y: f64, title: &str, arms: &[ArmResult], valu
     }
 }
 
-/// Per workload, throughput and TTFT p90 bars per arm; a legend of arms.
-pub fn chart(title: &str, rows: &[(Workload, Vec<ArmResult>)]) -> String {
+/// Per workload (by name), throughput and TTFT p90 bars per arm; a legend of arms.
+pub fn chart(title: &str, rows: &[(&str, Vec<ArmResult>)]) -> String {
     let row_h = 200.0;
     let mut labels: Vec<&str> = Vec::new();
     for a in rows.iter().flat_map(|(_, r)| r) {
@@ -214,8 +214,8 @@ pub fn chart(title: &str, rows: &[(Workload, Vec<ArmResult>)]) -> String {
         for label in &labels {
             sorted.extend(arms.iter().filter(|a| a.policy == *label).cloned());
         }
-        panel(&mut out, 30.0, y, &format!("{}: input tokens/s", w.name()), &sorted, ArmResult::input_tps);
-        panel(&mut out, 500.0, y, &format!("{}: TTFT p90 (ms)", w.name()), &sorted, |a| a.ttft_p90 as f64 / 1000.0);
+        panel(&mut out, 30.0, y, &format!("{w}: input tokens/s"), &sorted, ArmResult::input_tps);
+        panel(&mut out, 500.0, y, &format!("{w}: TTFT p90 (ms)"), &sorted, |a| a.ttft_p90 as f64 / 1000.0);
     }
     out.push_str("</svg>\n");
     out

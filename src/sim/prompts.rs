@@ -93,7 +93,8 @@ impl Workload {
     }
 }
 
-fn draw(rng: &mut SmallRng, n: u32, out: &mut Vec<u32>) {
+/// Appends `n` token ids drawn from `rng`.
+pub(super) fn draw(rng: &mut SmallRng, n: u32, out: &mut Vec<u32>) {
     out.extend((0..n).map(|_| rng.random_range(1..VOCAB)));
 }
 

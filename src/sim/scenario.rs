@@ -16,7 +16,7 @@ use super::record::ArmResult;
 use super::stepped::{Core, Wiring};
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use super::{elastic, hung, pending, prefix, report, svg, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
+use super::{elastic, hung, pending, prefix, report, svg, trace, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
 use crate::config::keys;
 
 /// One scenario's report and chart.
@@ -63,6 +63,7 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         handoff: Handoff::default(),
         horizon: nominal.saturating_mul(20).saturating_add(60_000_000),
         prompts_of: Prompts::default(),
+        replay: None,
     }
 }
 
@@ -286,6 +287,7 @@ pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(),
         Scenario::Pending => pending::pending(a)?,
         Scenario::Prefix => prefix::prefix(a)?,
         Scenario::VllmDp => vllm_dp::vllm_dp(a)?,
+        Scenario::Trace => trace::trace(a)?,
     };
     let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
     emit(outcome)?;

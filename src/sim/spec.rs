@@ -6,6 +6,7 @@ use super::link::ProbeVia;
 use super::model::Micros;
 use super::prompts::Workload;
 use super::stale::StaleRule;
+use super::trace_replay::Replay;
 use super::workload::{Lengths, Load};
 
 /// The `cache_aware` weights (docs/PROTOCOL.md §7), for the oracle.
@@ -87,6 +88,9 @@ pub struct ArmSpec {
     /// Virtual time after which the run stops (what is unfinished is lost).
     pub horizon: Micros,
     pub prompts_of: Prompts,
+    /// A trace's requests, sent at its times over the frontends in turn
+    /// (instead of `load`, `prompts` and `prompts_of.workload`).
+    pub replay: Option<std::sync::Arc<Replay>>,
 }
 
 impl ArmSpec {

@@ -118,6 +118,7 @@ pub fn vllm_dp(a: &SimArgs) -> Result<Outcome, SimError> {
         let _ = writeln!(text, "LOST {lost} requests over all arms");
     }
     text.push_str(&super::report::caveats(&all.iter().flat_map(|(_, r)| r.clone()).collect::<Vec<_>>()));
-    let svg = report::chart("vllm-dp: throughput and TTFT p90 per arm (solid: 2 API servers, pale: 4)", &all);
+    let named: Vec<(&str, Vec<ArmResult>)> = all.into_iter().map(|(w, r)| (w.name(), r)).collect();
+    let svg = report::chart("vllm-dp: throughput and TTFT p90 per arm (solid: 2 API servers, pale: 4)", &named);
     Ok(Outcome { name: "vllm-dp", text, svg, broken: None })
 }

@@ -2,7 +2,8 @@
 //!
 //! A closed-loop frontend keeps `concurrency` requests in flight and sends
 //! the next one when one completes; an open-loop frontend sends at a fixed
-//! mean rate (Poisson arrivals) whatever the engines do. Lengths and gaps
+//! mean rate (Poisson arrivals) whatever the engines do, or at the times a
+//! trace gives (a scheduled frontend). Lengths and gaps
 //! come from a seeded `SmallRng` per frontend, so a run is reproducible.
 
 use rand::rngs::SmallRng;
@@ -17,6 +18,8 @@ pub enum Load {
     Closed { concurrency: u32 },
     /// Poisson arrivals at this many requests per virtual second (over all frontends).
     Open { rate: f64 },
+    /// Arrivals at given times, whatever the engines do (a trace's replay).
+    Scheduled,
 }
 
 /// Inclusive token-length ranges (`lo == hi` for a fixed length).
@@ -34,6 +37,9 @@ pub struct Frontend {
     left: Option<u64>,
     lengths: Lengths,
     rng: SmallRng,
+    /// A scheduled frontend's arrival times still to come, and its last one.
+    times: std::collections::VecDeque<Micros>,
+    last: Micros,
 }
 
 /// This frontend's share of `total` when split over `of` frontends.
@@ -48,13 +54,25 @@ impl Frontend {
         let load = match load {
             Load::Closed { concurrency } => Load::Closed { concurrency: share(concurrency.into(), index, of) as u32 },
             Load::Open { rate } => Load::Open { rate: rate / f64::from(of.max(1)) },
+            Load::Scheduled => Load::Scheduled,
         };
         Frontend {
             load,
             left: prompts.map(|p| share(p, index, of)),
             lengths,
             rng: SmallRng::seed_from_u64(seed ^ (u64::from(index) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            times: Default::default(),
+            last: 0,
         }
+    }
+
+    /// A frontend sending one request at each of `times` (ascending); the
+    /// requests' lengths come with their content.
+    pub fn scheduled(times: Vec<Micros>) -> Frontend {
+        let lengths = Lengths { input: (1, 1), output: (1, 1) };
+        let mut f = Frontend::new(0, 1, Load::Scheduled, Some(times.len() as u64), lengths, 0);
+        f.times = times.into();
+        f
     }
 
     pub fn load(&self) -> Load {
@@ -65,7 +83,7 @@ impl Frontend {
     pub fn initial(&self) -> u64 {
         match self.load {
             Load::Closed { concurrency } => self.left.map_or(concurrency.into(), |l| l.min(concurrency.into())),
-            Load::Open { .. } => 0,
+            Load::Open { .. } | Load::Scheduled => 0,
         }
     }
 
@@ -84,11 +102,22 @@ impl Frontend {
         Some((self.rng.random_range(i.0..=i.1.max(i.0)), self.rng.random_range(o.0..=o.1.max(o.0))))
     }
 
-    /// Time to the next open-loop arrival (exponential with the frontend's rate).
+    /// Time to the next open-loop arrival (exponential with the frontend's
+    /// rate, or to the next scheduled time).
     pub fn next_gap(&mut self) -> Option<Micros> {
-        let Load::Open { rate } = self.load else { return None };
-        let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
-        Some((-u.ln() / rate.max(1e-9) * 1e6) as Micros)
+        match self.load {
+            Load::Closed { .. } => None,
+            Load::Open { rate } => {
+                let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+                Some((-u.ln() / rate.max(1e-9) * 1e6) as Micros)
+            }
+            Load::Scheduled => {
+                let t = self.times.pop_front()?;
+                let gap = t.saturating_sub(self.last);
+                self.last = t;
+                Some(gap)
+            }
+        }
     }
 }
 
@@ -117,6 +146,16 @@ mod tests {
         assert!(f.exhausted());
         assert_eq!(f.next_request(), None);
         assert_eq!(f.next_gap(), None);
+    }
+
+    #[test]
+    fn a_scheduled_frontend_sends_at_its_times() {
+        let mut f = Frontend::scheduled(vec![5, 5, 12]);
+        assert_eq!(f.initial(), 0);
+        let gaps: Vec<Option<Micros>> = (0..4).map(|_| f.next_gap()).collect();
+        assert_eq!(gaps, [Some(5), Some(0), Some(7), None]);
+        assert_eq!((0..4).filter_map(|_| f.next_request()).count(), 3);
+        assert!(f.exhausted());
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //! `pending_ttl_ms`, `pending_transit_ms` and penalties in wall time.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -23,7 +24,7 @@ use super::cluster::Cluster;
 use super::link::Link;
 use super::model::{Advance, Micros};
 use super::net::{Answer, NetError};
-use super::prompts::Source;
+use super::prompts::{Prompt, Source};
 use super::record::{bump, Death, Happened, Live, Recorder};
 pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
 use super::stale::StalePicker;
@@ -70,6 +71,8 @@ struct World<'a> {
     frontends: Vec<Frontend>,
     /// Each frontend's prompts, when requests carry tokens.
     sources: Vec<Source>,
+    /// Each frontend's share of a replayed trace, in order.
+    replays: Vec<VecDeque<Arc<Prompt>>>,
     /// Where the oracle's next scan starts.
     cursor: u32,
     /// Frontends placing requests themselves from stale snapshots.
@@ -98,9 +101,13 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
             *s = pct;
         }
     }
-    let frontends = (0..spec.frontends.max(1))
-        .map(|i| Frontend::new(i, spec.frontends.max(1), spec.load, spec.prompts, spec.lengths, spec.seed))
-        .collect();
+    let n = spec.frontends.max(1);
+    let shares: Vec<Vec<(Micros, Arc<Prompt>)>> =
+        spec.replay.iter().flat_map(|r| (0..n).map(move |f| r.frontend(f, n))).collect();
+    let frontends = match spec.replay {
+        Some(_) => shares.iter().map(|s| Frontend::scheduled(s.iter().map(|(t, _)| *t).collect())).collect(),
+        None => (0..n).map(|i| Frontend::new(i, n, spec.load, spec.prompts, spec.lengths, spec.seed)).collect(),
+    };
     let mut w = World {
         spec,
         link,
@@ -114,6 +121,7 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
             .flat_map(|w| (0..spec.frontends.max(1)).map(move |f| (w, f)))
             .map(|(w, f)| Source::new(w, spec.engine.cache.map_or(16, |c| c.block), spec.seed, f))
             .collect(),
+        replays: shares.into_iter().map(|s| s.into_iter().map(|(_, p)| p).collect()).collect(),
         cursor: 0,
         local: spec.prompts_of.local.map(|rule| StalePicker::new(rule, spec.frontends, spec.ranks)),
         rec: Recorder::new(spec.engines()),

@@ -26,7 +26,7 @@ impl World<'_> {
     pub(super) fn arrival(&mut self, f: u32) -> Result<(), NetError> {
         self.issue(f)?;
         let fe = &mut self.frontends[f as usize];
-        if matches!(fe.load(), Load::Open { .. }) && !fe.exhausted() {
+        if !matches!(fe.load(), Load::Closed { .. }) && !fe.exhausted() {
             if let Some(gap) = fe.next_gap() {
                 let t = self.arrivals[f as usize] + gap;
                 self.arrivals[f as usize] = t;
@@ -39,7 +39,10 @@ impl World<'_> {
     /// Frontend `f` sends its next request, if it has one.
     pub(super) fn issue(&mut self, f: u32) -> Result<(), NetError> {
         let Some((mut prompt, mut output)) = self.frontends[f as usize].next_request() else { return Ok(()) };
-        let content = self.sources.get_mut(f as usize).map(Source::next_prompt);
+        let content = match self.replays.get_mut(f as usize) {
+            Some(q) => q.pop_front(),
+            None => self.sources.get_mut(f as usize).map(Source::next_prompt),
+        };
         if let Some(c) = &content {
             (prompt, output) = (c.prompt_len, c.output_len());
         }

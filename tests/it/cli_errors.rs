@@ -53,8 +53,8 @@ fn sim_without_a_scenario_names_the_missing_argument_the_scenarios_and_the_usage
     let want = format!(
         "dpcoord: error: the following required arguments were not provided:\n  <SCENARIO>\n\n\
          \x20 tip: <SCENARIO> is one of: health-matrix, slow-rank, dead-rank, hetero-prompts, hung-rank, elastic, \
-         pending, prefix, vllm-dp, all\n\n\
-         Usage: dpcoord sim <SCENARIO>\n\n{MORE}"
+         pending, prefix, vllm-dp, trace, all\n\n\
+         Usage: dpcoord sim <SCENARIO> [FILE]\n\n{MORE}"
     );
     assert_refused(&r, &want);
 }
@@ -66,7 +66,7 @@ fn an_unknown_scenario_lists_the_valid_ones() {
     let r = run_in(dir.path(), &["sim", "nosuch"]);
     let want = format!(
         "dpcoord: error: invalid value 'nosuch' for '<SCENARIO>'\n  [possible values: health-matrix, slow-rank, \
-         dead-rank, hetero-prompts, hung-rank, elastic, pending, prefix, vllm-dp, all]\n\n{MORE}"
+         dead-rank, hetero-prompts, hung-rank, elastic, pending, prefix, vllm-dp, trace, all]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     assert!(!dir.path().join("sim-out").exists(), "nothing written");
@@ -113,7 +113,7 @@ fn sim_flags_get_the_tip_and_usage_too() {
     let r = run_in(dir.path(), &["sim", "--polcy", "least_load", "health-matrix"]);
     let want = format!(
         "dpcoord: error: unexpected argument '--polcy' found\n\n  tip: a similar argument exists: '--policy'\n\n\
-         Usage: dpcoord sim --policy <NAME> <SCENARIO>\n\n{MORE}"
+         Usage: dpcoord sim --policy <NAME> <SCENARIO> [FILE]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     let r = run_in(dir.path(), &["sim", "health-matrix", "--lockstep", "maybe"]);
@@ -132,7 +132,7 @@ fn an_unknown_policy_is_refused_while_parsing_with_the_list() {
     let want = format!(
         "dpcoord: error: invalid value 'fastest' for '--policy <NAME>'\n  [possible values: round_robin, least_load, \
          least_tokens, power_of_two, cache_aware, lmetric, lmetric/events, cache_aware/approx, cache_aware/events, \
-         oracle]\n\n{MORE}"
+         oracle, bound]\n\n{MORE}"
     );
     assert_refused(&r, &want);
     let r = run_in(dir.path(), &["demo", "--policy", "fastest"]);
@@ -166,6 +166,12 @@ fn a_policy_the_scenario_does_not_run_is_refused_before_it_starts() {
         &r,
         "dpcoord: error: --policy power_of_two: prefix runs the arms round_robin, least_load, \
          lmetric/events, cache_aware/approx, cache_aware/events, oracle\n",
+    );
+    let r = run_in(dir.path(), &["sim", "--policy", "oracle", "trace", "t.jsonl"]);
+    assert_refused(
+        &r,
+        "dpcoord: error: --policy oracle: trace runs the arms round_robin, least_load, \
+         lmetric/events, cache_aware/approx, cache_aware/events, bound\n",
     );
     assert!(!dir.path().join("sim-out").exists(), "nothing written");
 }
