@@ -43,6 +43,7 @@ mod reload_bounds;
 mod sglang_load;
 mod sim;
 mod sim_prefix;
+mod sim_trace;
 mod smoke;
 mod source_bounds;
 mod stalls;

@@ -2,12 +2,11 @@
 //! agentic trace in Mooncake's format): the replay, the arms, the bound.
 //! dpcoord runs stepped on the simulator's virtual time, so the rows
 //! repeat exactly.
-mod common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::wait_or_kill;
+use crate::common::wait_or_kill;
 
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agentic-sample.jsonl");
 
