@@ -14,14 +14,14 @@ use dpcoord::config::PolicyKind;
 /// Longest any one run may take (`sim all` with its defaults takes about 16 s unoptimized).
 const DEADLINE: Duration = Duration::from_secs(90);
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `dpcoord sim ARGS --speed 0 --out OUT`, killing it after [`DEADLINE`].
-fn sim(out: &Path, args: &[&str]) -> Run {
+pub(crate) fn sim(out: &Path, args: &[&str]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
         .arg("sim")
         .args(args)

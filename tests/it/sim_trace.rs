@@ -3,28 +3,9 @@
 //! dpcoord runs stepped on the simulator's virtual time, so the rows
 //! repeat exactly.
 
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
-
-use crate::common::wait_or_kill;
+use crate::sim::{sim, Run};
 
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agentic-sample.jsonl");
-
-fn sim(args: &[&str], out: &std::path::Path) -> (Option<i32>, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpcoord"))
-        .arg("sim")
-        .args(args)
-        .args(["--speed", "0", "--out"])
-        .arg(out)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dpcoord sim trace");
-    let status = wait_or_kill(&mut child, Duration::from_secs(90), "dpcoord sim trace");
-    let Output { stdout, stderr, .. } = child.wait_with_output().unwrap();
-    (status.code(), String::from_utf8(stdout).unwrap(), String::from_utf8(stderr).unwrap())
-}
 
 /// The cells of the row of `arm` at `fe` frontends in the table headed `table`.
 fn row(text: &str, table: &str, arm: &str, fe: &str) -> String {
@@ -44,7 +25,7 @@ fn the_sample_replays_exactly_and_no_arm_passes_the_bound() {
     let out = tempfile::tempdir().unwrap();
     let args = ["trace", SAMPLE, "--requests", "60", "--ranks", "2", "--time-scale", "2", "--cache-blocks", "2048"];
     let policies = ["--policy", "round_robin", "--policy", "cache_aware/events", "--policy", "bound"];
-    let (code, stdout, stderr) = sim(&[&args[..], &policies[..]].concat(), out.path());
+    let Run { code, stdout, stderr } = sim(out.path(), &[&args[..], &policies[..]].concat());
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("mooncake trace, 60 of 300 requests over 10 s as recorded"), "{stdout}");
     assert!(stdout.contains("43.2 % of prompt tokens in blocks an earlier request had"), "{stdout}");
@@ -74,11 +55,11 @@ fn generate_writes_the_sample_again_and_trace_needs_a_file() {
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("agentic.jsonl");
     let f = file.to_str().unwrap();
-    let (code, stdout, stderr) = sim(&["trace", "--generate", "agentic", f, "--requests", "300"], out.path());
+    let Run { code, stdout, stderr } = sim(out.path(), &["trace", "--generate", "agentic", f, "--requests", "300"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("300 requests over 52 s, mean input 8776 tokens, mean output 179"), "{stdout}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), std::fs::read_to_string(SAMPLE).unwrap());
-    let (code, _, stderr) = sim(&["trace"], out.path());
+    let Run { code, stderr, .. } = sim(out.path(), &["trace"]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("trace needs FILE"), "{stderr}");
 }
