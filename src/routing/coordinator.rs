@@ -213,11 +213,6 @@ impl Coordinator {
 
     /// The limits a source message is decoded with (`wire::decode_source`),
     /// for a decoder on another thread.
-    /// The largest `dp_size` this process can reach without a restart.
-    pub fn dp_ceiling(&self) -> u32 {
-        self.limits.max_dp_size
-    }
-
     pub fn source_limits(&self) -> SourceLimits {
         self.sources
     }
