@@ -260,8 +260,28 @@ def join(d, engine, rank: int, rng: random.Random, joined: Callable[[dict[str, f
 
     eventually(f"dpcoord takes a batch from rank {rank}'s publisher", probe, interval=0.02)
     # A publisher's first batch asks for a replay from 0; counters move until it ends,
-    # when the rank's index is exact again.
-    eventually(f"rank {rank}'s index exact", lambda: d.state()["ranks"][rank].get("kv_index") == "exact")
+    # when the rank's index is exact again (in `state` and in the gauge, which follows it).
+    degraded = key("dpcoord_kv_index_degraded", dp_rank=rank)
+    eventually(f"rank {rank}'s index exact",
+               lambda: d.state()["ranks"][rank].get("kv_index") == "exact" and kv_series(d).get(degraded) == 0)
+    drain(d, engine, rank)
+
+
+def drain(d, engine, rank: int) -> None:
+    """Until dpcoord has applied every batch ``engine`` published so far: ``joined`` can
+    hold from a batch applied while the probe's last one is still on its way, and a test
+    that snapshots the counters then would see that batch counted as its own. The engine's
+    publisher sends a removal of a block nobody stored (its module's own event classes);
+    one publisher's batches apply in order, so once dpcoord counts that removal
+    (``unknown_block``), everything before it has been counted."""
+    mod = importlib.import_module(type(engine.publisher).__module__)
+    unknown = events(rank, "unknown_block")
+    seen = counters(d).get(unknown, 0)
+    marker = mod.BlockRemoved(block_hashes=[random.getrandbits(62)], medium="GPU")
+    engine.publisher.publish(mod.KVEventBatch(ts=time.time(), events=[marker]))
+    if hasattr(engine, "seq"):  # the engines that count their batches, for Wire.drop
+        engine.seq += 1
+    eventually(f"rank {rank}'s publisher drained", lambda: counters(d).get(unknown, 0) == seen + 1)
 
 
 def start(start_daemon, dp: int, pub: str, replay: str | None, *extra: str):
