@@ -18,7 +18,7 @@ use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
 use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, SourceKind, Target};
 
-use crate::report::{num, Report, Table};
+use crate::report::{num, ratio, Report, Table};
 use crate::support::{route_query, stats_update};
 use crate::Mode;
 
@@ -136,6 +136,32 @@ fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
     )
 }
 
+/// The baseline of `least_load`'s placement: the bare minimum scan over the
+/// same costs (each rank's `(load + 1) * (1 + penalty)`, read from the state
+/// view of a fleet like the one placed on), median ns per scan.
+fn min_scan_ns(budget: Budget, dp: u32) -> f64 {
+    let cfg = config(dp, PolicyKind::LeastLoad);
+    let now = Instant::now();
+    let fleet = Fleet::new(&cfg, now);
+    let costs: Vec<f64> =
+        fleet.coord.state_view(now).ranks.iter().map(|r| (r.load + 1.0) * (1.0 + r.penalty)).collect();
+    budget.median_ns(
+        &mut (),
+        |_, chunk| {
+            for _ in 0..chunk {
+                let mut best = (f64::INFINITY, 0);
+                for (r, &c) in black_box(&costs).iter().enumerate() {
+                    if c < best.0 {
+                        best = (c, r);
+                    }
+                }
+                black_box(best);
+            }
+        },
+        |_, _| {},
+    )
+}
+
 /// Every rank acknowledges what the coordinator placed on it; ticks when due.
 fn acknowledge(c: &mut Coordinator, seq: u64, buf: &mut Vec<u8>) {
     let now = Instant::now();
@@ -181,11 +207,12 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         max_message_bytes: 65536,
         max_prompt_tokens: 262_144,
     };
+    let mut tokens = Vec::new();
     let decode = budget.median_ns(
         &mut (),
         |_, chunk| {
             for _ in 0..chunk {
-                black_box(wire::decode_route_query(black_box(&query), &limits).is_ok());
+                black_box(wire::decode_route_query(black_box(&query), &limits, &mut tokens).is_ok());
             }
         },
         |_, _| {},
@@ -211,6 +238,7 @@ pub fn run(mode: Mode, report: &mut Report) {
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new("decision: one placement, Coordinator::place n=1, median ns", &header);
     let mut worst = [(0.0_f64, ""); SIZES.len()];
+    let mut least_load = [0.0; SIZES.len()];
     for policy in PolicyKind::ALL {
         let mut row = vec![policy.as_str().to_string()];
         for (i, &dp) in SIZES.iter().enumerate() {
@@ -218,10 +246,20 @@ pub fn run(mode: Mode, report: &mut Report) {
             if ns > worst[i].0 {
                 worst[i] = (ns, policy.as_str());
             }
+            if policy == PolicyKind::LeastLoad {
+                least_load[i] = ns;
+            }
             row.push(num(ns, 0));
         }
         t.row(row);
     }
+    let scans: Vec<f64> = SIZES.iter().map(|&dp| min_scan_ns(budget, dp)).collect();
+    let mut row = vec!["baseline: a bare minimum scan of least_load's costs".to_string()];
+    row.extend(scans.iter().map(|&ns| num(ns, 0)));
+    t.row(row);
+    let mut row = vec!["least_load / the bare scan".to_string()];
+    row.extend(least_load.iter().zip(&scans).map(|(&ll, &scan)| ratio(ll, scan)));
+    t.row(row);
     t.print();
 
     let mut q = Table::new("decision: whole query path at 8 ranks, median ns per query", &["step", "ns"]);
@@ -245,5 +283,12 @@ pub fn run(mode: Mode, report: &mut Report) {
         "<= 2000 ns",
         format!("{:.0} ns ({})", at1024.0, at1024.1),
         at1024.0 <= 2000.0,
+    );
+    let (ll, scan) = (least_load[SIZES.len() - 1], scans[SIZES.len() - 1]);
+    report.target(
+        "decision: least_load at 1024 ranks against a bare minimum scan",
+        "<= 2x",
+        format!("{} ({ll:.0} ns / {scan:.0} ns)", ratio(ll, scan)),
+        ll <= 2.0 * scan,
     );
 }

@@ -361,9 +361,11 @@ fn cache_aware_decision(mode: Mode, report: &mut Report) {
             "vs least_load",
             "tokens us",
             "vs least_load",
+            "tokens / block_keys",
             "query bytes keys / tokens",
         ],
     );
+    let mut with_tokens_us = Vec::new();
     for dp in [8u32, 64] {
         let base = query_us(&mut fleet(dp, PolicyKind::LeastLoad, &prompt), &plain, chunks);
         let mut c = fleet(dp, PolicyKind::CacheAware, &prompt);
@@ -376,6 +378,7 @@ fn cache_aware_decision(mode: Mode, report: &mut Report) {
             ratio(k, base),
             num(tk, 2),
             ratio(tk, base),
+            ratio(tk, k),
             format!("{} / {}", rate(with_keys.len() as f64), rate(with_tokens.len() as f64)),
         ]);
         if dp == 8 {
@@ -386,8 +389,22 @@ fn cache_aware_decision(mode: Mode, report: &mut Report) {
                 k <= 10.0,
             );
         }
+        report.target(
+            format!("cache_aware route, 8,192 tokens at {dp} ranks: tokens against block_keys"),
+            "<= 3x",
+            format!("{} ({tk:.2} us / {k:.2} us)", ratio(tk, k)),
+            tk <= 3.0 * k,
+        );
+        with_tokens_us.push(tk);
     }
     t.print();
+    let (at8, at64) = (with_tokens_us[0], with_tokens_us[1]);
+    report.target(
+        "cache_aware route with tokens: 64 ranks against 8",
+        "<= 2x",
+        format!("{} ({at64:.2} us / {at8:.2} us)", ratio(at64, at8)),
+        at64 <= 2.0 * at8,
+    );
 }
 
 pub fn run(mode: Mode, report: &mut Report) {
@@ -492,5 +509,11 @@ fn ingest_daemon(mode: Mode, report: &mut Report) {
         ">= 1,000,000 blocks/s, 0 lost",
         format!("{}/s, {} lost", rate(stored / dur.as_secs_f64()), rate(offered - stored)),
         stored >= offered && stored / dur.as_secs_f64() >= 1e6,
+    );
+    report.target(
+        "route p99 while the daemon ingests those KV events",
+        "<= 2x without events",
+        format!("{} ({p99_busy:.1} us / {p99_quiet:.1} us)", ratio(p99_busy, p99_quiet)),
+        p99_busy <= 2.0 * p99_quiet,
     );
 }

@@ -61,6 +61,8 @@ pub struct Coordinator {
     drops: LogLimiter<{ StatsResult::ALL.len() }>,
     /// Reused buffer for the ranks of one route answer.
     placed: Vec<u32>,
+    /// The token ids of the query being answered (decoded once, reused).
+    tokens: Vec<u32>,
     /// The engine table as of the last tick, for readers on other threads.
     published: Arc<Published>,
     /// This process's identity, shown by `ping` and `state`.
@@ -119,6 +121,7 @@ impl Coordinator {
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
+            tokens: Vec::new(),
             published: Arc::new(Published::default()),
             instance: wire::Instance::random(),
             reload_asked: None,
@@ -281,16 +284,18 @@ impl Coordinator {
     /// One query from `ch`; the reply is written into `out`, except for a
     /// `reload` op, answered once the configuration has been read.
     pub fn on_query(&mut self, ch: Channel, bytes: &[u8], now: Instant, out: &mut Vec<u8>) -> Answered {
+        let mut tokens = std::mem::take(&mut self.tokens);
         match ch {
             Channel::Route => {
-                let decoded = wire::decode_route_query(bytes, &self.limits);
+                let decoded = wire::decode_route_query(bytes, &self.limits, &mut tokens);
                 self.answer(ch, decoded, Self::answer_route, now, out);
             }
             Channel::Health => {
-                let decoded = wire::decode_health_query(bytes, &self.limits);
+                let decoded = wire::decode_health_query(bytes, &self.limits, &mut tokens);
                 self.answer(ch, decoded, Self::answer_health, now, out);
             }
         }
+        self.tokens = tokens;
         self.observe(ch, now);
         match self.reload_asked.take() {
             Some(id) => Answered::AfterReload(id),

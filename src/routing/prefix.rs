@@ -57,7 +57,6 @@ pub(super) struct PrefixRouting {
     recent: ApproxIndex,
     recent_matched: Vec<u32>,
     mode: PrefixMode,
-    tokens: Vec<u32>,
     keys: Vec<u64>,
     matched: Vec<u32>,
     approx_matched: Vec<u32>,
@@ -76,7 +75,6 @@ impl PrefixRouting {
             recent: ApproxIndex::new(s.engines.dp_size, s.routing.pending_ttl, recent),
             recent_matched: Vec::new(),
             mode: c.mode,
-            tokens: Vec::new(),
             keys: Vec::new(),
             matched: Vec::new(),
             approx_matched: Vec::new(),
@@ -118,7 +116,7 @@ impl PrefixRouting {
     /// The prompt's length in tokens (a keys prompt counts whole blocks).
     pub fn prompt_tokens(prompt: &Prompt<'_>, kv: &KvStreams) -> u64 {
         match *prompt {
-            Prompt::Tokens { count, .. } => u64::from(count),
+            Prompt::Tokens { tokens, .. } => tokens.len() as u64,
             Prompt::Keys { count, .. } => u64::from(count) * u64::from(Self::block_size(kv)),
         }
     }
@@ -134,10 +132,9 @@ impl PrefixRouting {
     ) -> PrefixView<'_> {
         let bs = Self::block_size(kv);
         match *prompt {
-            Prompt::Tokens { lora, salt, .. } => {
-                prompt.tokens_into(&mut self.tokens);
+            Prompt::Tokens { tokens, lora, salt } => {
                 self.keys.clear();
-                keys::chain_keys(keys::chain_seed(lora, salt), &self.tokens, bs as usize, &mut self.keys);
+                keys::chain_keys(keys::chain_seed(lora, salt), tokens, bs as usize, &mut self.keys);
             }
             Prompt::Keys { .. } => prompt.keys_into(&mut self.keys),
         }
@@ -184,10 +181,10 @@ impl PrefixRouting {
     fn other_sizes(&mut self, prompt: &Prompt<'_>, kv: &KvStreams, bs: u32) {
         let index = kv.index();
         self.sizes.extend((0..index.dp_size()).map(|r| index.rank_block_size(r).unwrap_or(bs)));
-        let Prompt::Tokens { lora, salt, .. } = *prompt else { return };
+        let Prompt::Tokens { tokens, lora, salt } = *prompt else { return };
         for &size in index.block_sizes().iter().filter(|&&s| s != bs) {
             self.other_keys.clear();
-            keys::chain_keys(keys::chain_seed(lora, salt), &self.tokens, size as usize, &mut self.other_keys);
+            keys::chain_keys(keys::chain_seed(lora, salt), tokens, size as usize, &mut self.other_keys);
             index.leading(&self.other_keys, &mut self.other_matched);
             for (r, m) in self.matched.iter_mut().enumerate() {
                 if self.sizes[r] == size {

@@ -321,7 +321,14 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
         "token_ids" => {
             let Value::Array(n) = v else { return Err(field("token_ids", "an array", v)) };
             let mut tokens = Vec::with_capacity(r.room_for(n));
-            for _ in 0..n {
+            let mut i = 0;
+            while i < n {
+                // The common case in bulk, then one element the general way.
+                i += r.small_uints_into(n - i, &mut tokens);
+                if i == n {
+                    break;
+                }
+                i += 1;
                 match r.small_uint() {
                     Some(t) => tokens.push(t),
                     // Not a u32 in any width: a u64 or i64 that is one, a

@@ -3,7 +3,9 @@
 //! It reads one value header at a time, so decoders can walk a map, pick the
 //! keys they know and skip the rest without building a tree. Nothing here
 //! trusts a length prefix: every read is checked against the bytes actually
-//! present, so no input can make it allocate or loop beyond its own size.
+//! present, so no input can make it allocate or loop beyond its own size
+//! (`small_uints_into` grows only the caller's buffer, by at most one id
+//! per byte left).
 
 use rmp::Marker;
 
@@ -79,6 +81,50 @@ impl<'a> Reader<'a> {
         };
         self.pos += len;
         Some(v)
+    }
+
+    /// Reads up to `n` unsigned integers below 2^32 in the widths an
+    /// encoder picks for them (a positive fixint, `uint8`, `uint16`,
+    /// `uint32`), passing each to `each`; how many it read. It stops early,
+    /// consuming nothing more, at anything else and when fewer than five
+    /// bytes are left, so [`Reader::small_uint`] can take over there.
+    ///
+    /// Token ids mix widths at random (below and above 65,536), so deciding
+    /// the width with a `match` mispredicts about every other element; here
+    /// the width is arithmetic on the marker and the value a shift of the
+    /// four bytes after it, selected without a branch.
+    pub fn small_uints(&mut self, n: u32, mut each: impl FnMut(u32)) -> u32 {
+        let mut read = 0;
+        while read < n {
+            let Some(&[marker, b1, b2, b3, b4]) = self.buf.get(self.pos..self.pos + 5) else { break };
+            let fix = marker < 0x80;
+            // 0xcc, 0xcd, 0xce: 1, 2 or 4 bytes follow.
+            let wide = marker.wrapping_sub(0xcc);
+            if !fix && wide > 2 {
+                break;
+            }
+            let bytes = if fix { 0 } else { 1u32 << wide };
+            let tail = u32::from_be_bytes([b1, b2, b3, b4]) >> ((32 - 8 * bytes) & 31);
+            each(if fix { u32::from(marker) } else { tail });
+            self.pos += 1 + bytes as usize;
+            read += 1;
+        }
+        read
+    }
+
+    /// [`Reader::small_uints`] appending to `out`: written in place rather
+    /// than pushed, so the loop keeps the length in a register. Reserves no
+    /// more than the bytes left could hold.
+    pub fn small_uints_into(&mut self, n: u32, out: &mut Vec<u32>) -> u32 {
+        let start = out.len();
+        out.resize(start + self.room_for(n), 0);
+        let (slots, mut i) = (&mut out[start..], 0);
+        let read = self.small_uints(n, |t| {
+            slots[i] = t;
+            i += 1;
+        });
+        out.truncate(start + read as usize);
+        read
     }
 
     /// The next value if it is an unsigned integer in any width (read
@@ -293,6 +339,35 @@ mod tests {
         assert_eq!(r.uint64(), Some(u64::MAX));
         assert_eq!(Reader::new(&[0xcf, 0xff]).uint64(), None, "truncated");
         assert_eq!(Reader::new(&enc(&-5i64)).uint64(), None);
+    }
+
+    #[test]
+    fn small_uints_in_bulk_read_what_small_uint_reads_and_stop_where_it_would() {
+        let widths = [0u64, 127, 128, 255, 256, 65_535, 65_536, u64::from(u32::MAX), 5, 70_000];
+        let mut b: Vec<u8> = widths.iter().flat_map(enc).collect();
+        // Then a value it leaves alone, and one more it would read.
+        b.extend(enc(&(u64::from(u32::MAX) + 1)));
+        b.extend(enc(&7u64));
+        let mut r = Reader::new(&b);
+        let mut got = Vec::new();
+        assert_eq!(r.small_uints(100, |t| got.push(u64::from(t))), widths.len() as u32);
+        assert_eq!(got, widths);
+        assert_eq!(r.uint64(), Some(u64::from(u32::MAX) + 1), "it stopped before the wide value");
+        // Fewer than five bytes left: nothing read, for small_uint to take.
+        assert_eq!(r.small_uints(100, |_| panic!("none")), 0);
+        assert_eq!(r.small_uint(), Some(7));
+        // At most `n`.
+        let mut r = Reader::new(&b);
+        assert_eq!(r.small_uints(3, |_| ()), 3);
+        assert_eq!(r.small_uint(), Some(255));
+        let mut into = vec![9];
+        assert_eq!(Reader::new(&b).small_uints_into(100, &mut into), widths.len() as u32);
+        assert_eq!(into[0], 9, "appended");
+        assert_eq!(into[1..].iter().map(|&t| u64::from(t)).collect::<Vec<_>>(), widths);
+        for other in [enc(&-1i64), enc(&"seven"), enc(&1.5f64), vec![0xcf, 0, 0, 0, 0, 0, 0, 0, 1]] {
+            let mut r = Reader::new(&other);
+            assert_eq!((r.small_uints(1, |_| ()), r.position()), (0, 0), "{other:?}");
+        }
     }
 
     #[test]

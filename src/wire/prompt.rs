@@ -1,7 +1,8 @@
 //! A query's prompt (docs/PROTOCOL.md §4, §11a): token ids, or the chained
 //! block keys a client computed, with the LoRA name and salt that seed a
-//! token chain. Checked once when the query is decoded and kept as the
-//! MessagePack arrays it came in, so decoding allocates nothing.
+//! token chain. Checked once when the query is decoded: token ids are read
+//! into the caller's buffer in that same pass (so the array is walked
+//! once), block keys are kept as the MessagePack array they came in.
 
 use super::msgpack::{ReadError, Reader, Value};
 use super::{ErrorCode, WireError};
@@ -13,26 +14,11 @@ pub const TOKENS_PER_KEY: u32 = 16;
 /// A checked prompt.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Prompt<'a> {
-    Tokens { array: &'a [u8], count: u32, lora: Option<&'a str>, salt: Option<&'a str> },
+    Tokens { tokens: &'a [u32], lora: Option<&'a str>, salt: Option<&'a str> },
     Keys { array: &'a [u8], count: u32 },
 }
 
 impl Prompt<'_> {
-    /// The token ids (empty for keys), into `out`.
-    pub fn tokens_into(&self, out: &mut Vec<u32>) {
-        out.clear();
-        if let Prompt::Tokens { array, count, .. } = *self {
-            out.reserve(count as usize);
-            let mut r = Reader::new(array);
-            let _ = r.read(); // the array header
-                              // Checked by `scan_array`: every element is an unsigned int below 2^32.
-            for _ in 0..count {
-                let t = r.small_uint().or_else(|| other_int(&mut r).map(|t| t as u32));
-                out.push(t.unwrap_or(0));
-            }
-        }
-    }
-
     /// The block keys (empty for tokens), into `out`.
     pub fn keys_into(&self, out: &mut Vec<u64>) {
         out.clear();
@@ -99,23 +85,54 @@ impl ArrayKind {
 /// its header, just read), checking every element, and leaves the reader
 /// after it: `Ok(Ok(count))`, `Ok(Err(why))` for a value that is readable
 /// MessagePack but not a valid array, or `Err` when it is not MessagePack.
+/// Token ids go into `tokens` (emptied first), up to `max_tokens` of them:
+/// an array longer than that is refused by its count.
 pub(super) fn scan_array<'a>(
     r: &mut Reader<'a>,
     first: Value<'a>,
     kind: ArrayKind,
+    tokens: &mut Vec<u32>,
+    max_tokens: u32,
 ) -> Result<Result<u32, WireError>, ReadError> {
     let Value::Array(n) = first else {
         r.skip_rest(first)?;
         return Ok(Err(bad(format!("`{}` must be an array, got {}", kind.name(), first.type_name()))));
     };
-    for i in 0..n {
-        // The common case, an unsigned int, without building a `Value`.
+    let keep = if kind == ArrayKind::Tokens { n.min(max_tokens) } else { 0 };
+    tokens.clear();
+    let mut i = 0;
+    while i < n {
+        if kind == ArrayKind::Tokens {
+            // The common case, in bulk: kept up to `keep`, then only checked.
+            if i < keep {
+                i += r.small_uints_into(keep - i, tokens);
+            }
+            if i >= keep {
+                i += r.small_uints(n - i, |_| ());
+            }
+            if i == n {
+                break;
+            }
+        }
+        // One element the general way: an unsigned int without building a `Value`.
+        let at = i;
+        i += 1;
         let wrong = match r.uint64() {
-            Some(v) if kind == ArrayKind::Keys || v <= u64::from(u32::MAX) => continue,
+            Some(v) if kind == ArrayKind::Keys || v <= u64::from(u32::MAX) => {
+                if at < keep {
+                    tokens.push(v as u32);
+                }
+                continue;
+            }
             Some(v) => v.to_string(),
             None => match r.read()? {
                 // A non-negative int in a signed encoding.
-                Value::Int(t) if t >= 0 && (kind == ArrayKind::Keys || t <= i128::from(u32::MAX)) => continue,
+                Value::Int(t) if t >= 0 && (kind == ArrayKind::Keys || t <= i128::from(u32::MAX)) => {
+                    if at < keep {
+                        tokens.push(t as u32);
+                    }
+                    continue;
+                }
                 Value::Int(t) => t.to_string(),
                 other => {
                     r.skip_rest(other)?;
@@ -124,11 +141,11 @@ pub(super) fn scan_array<'a>(
             },
         };
         // Skip what is left of the array, then report the first bad element.
-        for _ in i + 1..n {
+        for _ in i..n {
             let v = r.read()?;
             r.skip_rest(v)?;
         }
-        return Ok(Err(bad(format!("`{}[{i}]` must be {}, got {wrong}", kind.name(), kind.what()))));
+        return Ok(Err(bad(format!("`{}[{at}]` must be {}, got {wrong}", kind.name(), kind.what()))));
     }
     Ok(Ok(n))
 }
@@ -149,23 +166,28 @@ type Scanned<'a> = Result<(&'a [u8], u32), WireError>;
 /// The raw fields of a prompt, as the query map had them.
 #[derive(Default)]
 pub(super) struct PromptFields<'a> {
-    pub tokens: Option<Scanned<'a>>,
+    /// The token ids' count (the ids are in the decoder's buffer).
+    pub tokens: Option<Result<u32, WireError>>,
     pub block_keys: Option<Scanned<'a>>,
     pub lora: Option<Value<'a>>,
     pub salt: Option<Value<'a>>,
 }
 
-/// The prompt of a query, if it has one; `max_tokens` is `limits.max_prompt_tokens`.
-pub(super) fn decode_prompt<'a>(f: &PromptFields<'a>, max_tokens: u32) -> Result<Option<Prompt<'a>>, WireError> {
+/// The prompt of a query, if it has one; `max_tokens` is
+/// `limits.max_prompt_tokens`, `tokens` the ids `scan_array` read.
+pub(super) fn decode_prompt<'a>(
+    f: &PromptFields<'a>,
+    max_tokens: u32,
+    tokens: &'a [u32],
+) -> Result<Option<Prompt<'a>>, WireError> {
     let (lora, salt) = (opt_str("lora", f.lora)?, opt_str("salt", f.salt)?);
     match (&f.tokens, &f.block_keys) {
         (None, None) if lora.is_some() || salt.is_some() => Err(bad("`lora` and `salt` go with `tokens`")),
         (None, None) => Ok(None),
         (Some(_), Some(_)) => Err(bad("send `tokens` or `block_keys`, not both")),
-        (Some(tokens), None) => {
-            let (array, count) = tokens.clone()?;
-            let count = check_count(ArrayKind::Tokens, count, max_tokens)?;
-            Ok(Some(Prompt::Tokens { array, count, lora, salt }))
+        (Some(count), None) => {
+            check_count(ArrayKind::Tokens, count.clone()?, max_tokens)?;
+            Ok(Some(Prompt::Tokens { tokens, lora, salt }))
         }
         (None, Some(_)) if lora.is_some() || salt.is_some() => {
             Err(bad("`lora` and `salt` are already in `block_keys`; send them only with `tokens`"))

@@ -134,7 +134,8 @@ struct Fields<'a> {
     explain: Option<Value<'a>>,
     predicted: Option<Value<'a>>,
     delivered: Option<Value<'a>>,
-    /// The whole encoded values of `tokens` and `block_keys` (arrays, read later).
+    /// `tokens` (its count; the ids are in the decoder's buffer) and the
+    /// whole encoded value of `block_keys` (read later).
     prompt: PromptFields<'a>,
 }
 
@@ -152,7 +153,13 @@ fn bad(message: impl Into<String>) -> WireError {
 /// Reads the map into `f`. On an error, `f` keeps what was read before
 /// it, so the refusal can still carry the `id`; a non-string key is skipped
 /// (with its value) and reported once the map has been read to its end.
-fn read_fields<'a>(bytes: &'a [u8], f: &mut Fields<'a>) -> Result<(), WireError> {
+/// Token ids are read into `tokens`, at most `max_tokens`.
+fn read_fields<'a>(
+    bytes: &'a [u8],
+    f: &mut Fields<'a>,
+    tokens: &mut Vec<u32>,
+    max_tokens: u32,
+) -> Result<(), WireError> {
     let mut r = Reader::new(bytes);
     let undecodable = |e| bad(format!("query is not valid MessagePack: {e}"));
     let len = match r.read().map_err(undecodable)? {
@@ -182,16 +189,20 @@ fn read_fields<'a>(bytes: &'a [u8], f: &mut Fields<'a>) -> Result<(), WireError>
             _ => None,
         };
         let scanned = match kind {
-            Some(kind) if value != Value::Nil => Some(scan_array(&mut r, value, kind).map_err(undecodable)?),
+            Some(kind) if value != Value::Nil => {
+                Some(scan_array(&mut r, value, kind, tokens, max_tokens).map_err(undecodable)?)
+            }
             _ => {
                 r.skip_rest(value).map_err(undecodable)?;
                 None
             }
         };
         if let Some(scanned) = scanned {
-            let raw = &bytes[start..r.position()];
-            let slot = if kind == Some(ArrayKind::Tokens) { &mut f.prompt.tokens } else { &mut f.prompt.block_keys };
-            *slot = Some(scanned.map(|count| (raw, count)));
+            if kind == Some(ArrayKind::Tokens) {
+                f.prompt.tokens = Some(scanned);
+            } else {
+                f.prompt.block_keys = Some(scanned.map(|count| (&bytes[start..r.position()], count)));
+            }
             continue;
         }
         let slot = match key {
@@ -268,7 +279,7 @@ fn decode_target(f: &Fields<'_>, dp_size: u32) -> Result<Target, WireError> {
     }
 }
 
-fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a>, WireError> {
+fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Result<RouteRequest<'a>, WireError> {
     let n = match f.n {
         None => 1,
         Some(v) => match uint("n", v)? {
@@ -289,7 +300,7 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteRequest<'a
         Some(Value::Str(s)) => Some(s),
         Some(other) => return Err(bad(format!("`session` must be a string, got {}", other.type_name()))),
     };
-    let prompt = decode_prompt(&f.prompt, lim.max_prompt_tokens)?;
+    let prompt = decode_prompt(&f.prompt, lim.max_prompt_tokens, tokens)?;
     let explain = match f.explain {
         None => false,
         Some(Value::Bool(b)) => b,
@@ -309,8 +320,8 @@ fn decode_delivered(f: &Fields<'_>, dp_size: u32) -> Result<Delivered, WireError
     Ok(Delivered { rank, predicted, delivered })
 }
 
-fn decode_prefix<'a>(f: &Fields<'a>, lim: &QueryLimits) -> Result<HealthOp<'a>, WireError> {
-    match decode_prompt(&f.prompt, lim.max_prompt_tokens)? {
+fn decode_prefix<'a>(f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Result<HealthOp<'a>, WireError> {
+    match decode_prompt(&f.prompt, lim.max_prompt_tokens, tokens)? {
         Some(p) => Ok(HealthOp::Prefix(p)),
         None => Err(bad("`prefix` needs `tokens` (token ids) or `block_keys`")),
     }
@@ -376,11 +387,11 @@ fn unknown_op(name: &str, ch: Channel) -> WireError {
     )
 }
 
-fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp<'a>, WireError> {
+fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Result<RouteOp<'a>, WireError> {
     match name {
         "ping" => Ok(RouteOp::Ping),
         "state" => Ok(RouteOp::State),
-        "route" => decode_route(f, lim).map(RouteOp::Route),
+        "route" => decode_route(f, lim, tokens).map(RouteOp::Route),
         "delivered" => decode_delivered(f, lim.dp_size).map(RouteOp::Delivered),
         "health_route" | "health_report" | "resize" | "reload" | "prefix" => {
             Err(wrong_socket(name, Channel::Route, Channel::Health))
@@ -389,7 +400,7 @@ fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<RouteOp
     }
 }
 
-fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<HealthOp<'a>, WireError> {
+fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Result<HealthOp<'a>, WireError> {
     match name {
         "ping" => Ok(HealthOp::Ping),
         "state" => Ok(HealthOp::State),
@@ -397,20 +408,30 @@ fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits) -> Result<Health
         "health_report" => decode_report(f, lim.dp_size),
         "resize" => decode_resize(f, lim).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
-        "prefix" => decode_prefix(f, lim),
+        "prefix" => decode_prefix(f, lim, tokens),
         "route" | "delivered" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }
 }
 
-/// Decodes and checks one query of the route socket.
-pub fn decode_route_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, RouteOp<'a>>, Rejected<'a>> {
-    decode_query(bytes, lim, |name, f| route_op(name, f, lim))
+/// Decodes and checks one query of the route socket; a prompt's token ids
+/// are read into `tokens` (a buffer the caller keeps, so nothing is
+/// allocated once it has grown).
+pub fn decode_route_query<'a>(
+    bytes: &'a [u8],
+    lim: &QueryLimits,
+    tokens: &'a mut Vec<u32>,
+) -> Result<Query<'a, RouteOp<'a>>, Rejected<'a>> {
+    decode_query(bytes, lim, tokens, |name, f, tokens| route_op(name, f, lim, tokens))
 }
 
-/// Decodes and checks one query of the health socket.
-pub fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, HealthOp<'a>>, Rejected<'a>> {
-    decode_query(bytes, lim, |name, f| health_op(name, f, lim))
+/// Decodes and checks one query of the health socket, as [`decode_route_query`].
+pub fn decode_health_query<'a>(
+    bytes: &'a [u8],
+    lim: &QueryLimits,
+    tokens: &'a mut Vec<u32>,
+) -> Result<Query<'a, HealthOp<'a>>, Rejected<'a>> {
+    decode_query(bytes, lim, tokens, |name, f, tokens| health_op(name, f, lim, tokens))
 }
 
 /// The rules every query shares (size, map, id, version, op name); `op`
@@ -418,10 +439,11 @@ pub fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Que
 fn decode_query<'a, O>(
     bytes: &'a [u8],
     lim: &QueryLimits,
-    op: impl FnOnce(&str, &Fields<'a>) -> Result<O, WireError>,
+    tokens: &'a mut Vec<u32>,
+    op: impl FnOnce(&str, &Fields<'a>, &'a [u32]) -> Result<O, WireError>,
 ) -> Result<Query<'a, O>, Rejected<'a>> {
     let mut f = Fields::default();
-    let read = read_fields(bytes, &mut f);
+    let read = read_fields(bytes, &mut f, tokens, lim.max_prompt_tokens);
     // Any refusal carries the id when one was read before the fault and is
     // itself valid (the reader never allocates and stops at the bytes present).
     let id = decode_id(f.id);
@@ -449,7 +471,8 @@ fn decode_query<'a, O>(
         None => return Err(fail(bad("missing `op`"))),
         Some(other) => return Err(fail(bad(format!("`op` must be a string, got {}", other.type_name())))),
     };
-    let op = op(name, &f).map_err(fail)?;
+    let tokens: &'a Vec<u32> = tokens;
+    let op = op(name, &f, tokens).map_err(fail)?;
     Ok(Query { id, op })
 }
 

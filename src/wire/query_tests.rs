@@ -19,6 +19,17 @@ fn q(pairs: &[(&str, rmpv::Value)]) -> Vec<u8> {
     out
 }
 
+/// [`super::decode_route_query`] with a token buffer of its own (leaked,
+/// as some tests leak the query bytes, so a test keeps what it decoded).
+fn decode_route_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, RouteOp<'a>>, Rejected<'a>> {
+    super::decode_route_query(bytes, lim, Box::leak(Box::default()))
+}
+
+/// [`super::decode_health_query`] as [`decode_route_query`].
+fn decode_health_query<'a>(bytes: &'a [u8], lim: &QueryLimits) -> Result<Query<'a, HealthOp<'a>>, Rejected<'a>> {
+    super::decode_health_query(bytes, lim, Box::leak(Box::default()))
+}
+
 fn code(bytes: &[u8], ch: Channel) -> ErrorCode {
     let rejected = match ch {
         Channel::Route => decode_route_query(bytes, &LIM).map(|_| ()),
@@ -251,10 +262,7 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
         let Ok(Some(p)) = decode(op, &[("tokens", ints(&[1, 2, 4_000_000_000])), ("lora", "a".into())]) else {
             panic!("{op} refused")
         };
-        let mut got = Vec::new();
-        p.tokens_into(&mut got);
-        assert_eq!(got, vec![1, 2, 4_000_000_000]);
-        assert!(matches!(p, Prompt::Tokens { count: 3, lora: Some("a"), salt: None, .. }), "{p:?}");
+        assert_eq!(p, Prompt::Tokens { tokens: &[1, 2, 4_000_000_000], lora: Some("a"), salt: None });
         let Ok(Some(k)) = decode(op, &[("block_keys", rmpv::Value::Array(vec![u64::MAX.into(), 7.into()]))]) else {
             panic!("{op} refused keys")
         };
@@ -289,8 +297,7 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
                 _ => unreachable!(),
             },
         };
-        p.tokens_into(&mut got);
-        assert_eq!(got, vec![5, 70_000, 9]);
+        assert_eq!(p, Prompt::Tokens { tokens: &[5, 70_000, 9], lora: None, salt: None });
         let err = |pairs: &[(&str, rmpv::Value)]| decode(op, pairs).unwrap_err();
         assert_eq!(err(&[("tokens", ints(&[1, -1]))]).1, "`tokens[1]` must be a token id in 0..2^32, got -1");
         assert_eq!(err(&[("tokens", ints(&[1 << 32]))]).1, "`tokens[0]` must be a token id in 0..2^32, got 4294967296");
@@ -310,6 +317,27 @@ fn prompts_on_route_and_prefix_are_checked_the_same_way() {
             (ErrorCode::TooLarge, "`tokens` has 33 elements, above the limit of 32".into())
         );
         assert_eq!(err(&[("block_keys", ints(&[0; 3]))]).0, ErrorCode::TooLarge, "32 / 16 keys at most");
+        // The buffer takes the limit's worth of ids at most, and the last
+        // `tokens` of a map is its prompt.
+        let with_buffer = |bytes: &[u8], buf: &mut Vec<u32>| {
+            let got = match op {
+                "route" => super::decode_route_query(bytes, &lim, buf).map(|q| match q.op {
+                    RouteOp::Route(r) => r.prompt.map(|p| format!("{p:?}")),
+                    _ => unreachable!(),
+                }),
+                _ => super::decode_health_query(bytes, &lim, buf).map(|q| match q.op {
+                    HealthOp::Prefix(p) => Some(format!("{p:?}")),
+                    _ => unreachable!(),
+                }),
+            };
+            got.map_err(|r| r.error.code)
+        };
+        let mut buf = Vec::new();
+        let long = q(&[("v", 1.into()), ("op", op.into()), ("tokens", ints(&[7; 40]))]);
+        assert_eq!((with_buffer(&long, &mut buf), buf.len()), (Err(ErrorCode::TooLarge), 32));
+        let twice = q(&[("v", 1.into()), ("op", op.into()), ("tokens", ints(&[1, 2])), ("tokens", ints(&[3]))]);
+        let last = Prompt::Tokens { tokens: &[3], lora: None, salt: None };
+        assert_eq!(with_buffer(&twice, &mut buf), Ok(Some(format!("{last:?}"))));
     }
     assert_eq!(decode("route", &[]), Ok(None), "old clients send no prompt");
     assert_eq!(decode("prefix", &[]).unwrap_err().1, "`prefix` needs `tokens` (token ids) or `block_keys`");

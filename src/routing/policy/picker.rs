@@ -42,16 +42,27 @@ impl Picker {
 /// The cheapest finite-cost rank, scanning from `start` (wrapping) so that
 /// among equal costs the first at or after `start` wins.
 fn least(costs: &[f64], start: usize) -> Option<u32> {
-    let start = start.min(costs.len());
-    let order = (start..costs.len()).chain(0..start);
-    let mut best: Option<(usize, f64)> = None;
-    for r in order {
-        let c = costs[r];
-        if c < best.map_or(f64::INFINITY, |(_, b)| b) {
-            best = Some((r, c));
+    let (before, after) = costs.split_at(start.min(costs.len()));
+    // Two plain scans (a chained iterator tests which half it is in at
+    // every rank): those at or after `start` win a tie.
+    let (a, after_min) = first_min(after);
+    let (b, before_min) = first_min(before);
+    if before_min < after_min {
+        Some(b as u32)
+    } else {
+        after_min.is_finite().then_some((before.len() + a) as u32)
+    }
+}
+
+/// The position and cost of the first cheapest element (infinity when none is finite).
+fn first_min(costs: &[f64]) -> (usize, f64) {
+    let mut best = (0, f64::INFINITY);
+    for (r, &c) in costs.iter().enumerate() {
+        if c < best.1 {
+            best = (r, c);
         }
     }
-    best.map(|(r, _)| r as u32)
+    best
 }
 
 fn two_choices(costs: &[f64], routable: &[u32], rng: &mut impl Rng) -> Option<u32> {
