@@ -1,5 +1,5 @@
 //! Every config key, defined once: its section, name, kind, default, bounds
-//! and, for some, a command-line flag. The parser (`parse.rs`) reads keys
+//! and, for some, a command-line flag. The parser (`parse/`) reads keys
 //! through these specs, the flags (`flags.rs`) are built from them, and the
 //! simulator takes its defaults from them.
 

@@ -382,5 +382,4 @@ pub fn set(root: &mut toml::Table, section: &str, key: &str, value: toml::Value)
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
 mod tests;

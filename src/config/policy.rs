@@ -13,7 +13,7 @@ pub enum PolicyKind {
     /// The better of two seeded random routable ranks, by request cost.
     PowerOfTwo,
     /// The lowest `(token load + prefill weight * uncached prompt tokens + 1)
-    /// * (1 + penalty)`: the prefix term is per request (`user.rs`).
+    /// * (1 + penalty)`: the prefix term is per request (`routing/user/`).
     CacheAware,
     /// The lowest `(uncached prompt tokens + 1) * (requests in flight + 1)
     /// * (1 + penalty)` (LMetric): the baseline prefix-aware scorer of the

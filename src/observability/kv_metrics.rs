@@ -108,7 +108,7 @@ pub struct KvMetrics {
     ranks: Vec<RankKv>,
 }
 
-/// Builds and registers a collector (the daemon's one way, `metrics.rs`).
+/// Builds and registers a collector (the daemon's one way, `metrics/`).
 fn add<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, made: prometheus::Result<T>) -> T {
     register(r, built(made))
 }

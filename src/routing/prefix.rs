@@ -1,5 +1,5 @@
 //! What `cache_aware` reads: for one request's prompt, how many leading
-//! blocks each rank holds, from the KV events (`kv.rs`) or, where a rank
+//! blocks each rank holds, from the KV events (`kv/`) or, where a rank
 //! publishes none, from dpcoord's own placements (approximate mode), as
 //! `routing.prefix_mode` says (docs/PROTOCOL.md §7).
 

@@ -167,5 +167,4 @@ impl PrefixIndex {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
 mod tests;

@@ -459,5 +459,4 @@ impl KvStreams {
 }
 
 #[cfg(test)]
-#[path = "kv_tests.rs"]
 mod tests;

@@ -358,5 +358,4 @@ impl SimEngine {
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
 mod tests;

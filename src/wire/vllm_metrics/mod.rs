@@ -256,5 +256,4 @@ pub fn decode_vllm_metrics(
 }
 
 #[cfg(test)]
-#[path = "vllm_metrics_tests.rs"]
 mod tests;

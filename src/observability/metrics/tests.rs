@@ -1,4 +1,4 @@
-//! Unit tests of `metrics.rs`: the metrics contract and the handles.
+//! Unit tests of `metrics/mod.rs`: the metrics contract and the handles.
 
 use prometheus::proto::MetricType;
 

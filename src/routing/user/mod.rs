@@ -315,5 +315,4 @@ impl UserDispatcher {
 }
 
 #[cfg(test)]
-#[path = "user_tests.rs"]
 mod tests;

@@ -12,10 +12,9 @@ use super::event::{Counts, LoadReport, TokenLoad};
 use super::penalty::{self, PenaltyState, TickInputs};
 use crate::config::{Penalty, Settings};
 
-#[path = "table_order.rs"]
-mod table_order;
-pub use table_order::Reject;
-use table_order::{seq_of, step, Step};
+mod order;
+pub use order::Reject;
+use order::{seq_of, step, Step};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -454,5 +453,4 @@ impl HealthHandle<'_> {
 }
 
 #[cfg(test)]
-#[path = "table_tests.rs"]
 mod tests;

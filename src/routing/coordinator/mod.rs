@@ -471,14 +471,11 @@ impl Coordinator {
     }
 }
 
-#[path = "admin.rs"]
 mod admin;
 pub use admin::Answered;
 
 #[cfg(test)]
-#[path = "coordinator_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "cache_tests.rs"]
 mod cache_tests;

@@ -19,7 +19,6 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-#[path = "http_conns.rs"]
 mod conns;
 pub use conns::Limits;
 
@@ -63,7 +62,7 @@ fn router(registry: Registry, published: Arc<Published>) -> Router {
 }
 
 /// Serves HTTP/1.1 on `listener` within `limits` (the connection cap and
-/// timeouts, see `http_conns.rs`) until `shutdown` completes, then finishes
+/// timeouts, see `conns.rs`) until `shutdown` completes, then finishes
 /// the requests in flight. Must run inside a tokio runtime with I/O enabled.
 pub async fn serve(
     listener: std::net::TcpListener,

@@ -226,5 +226,4 @@ impl Reloads {
 }
 
 #[cfg(test)]
-#[path = "reload_tests.rs"]
 mod tests;

@@ -1,4 +1,4 @@
-//! Unit tests of `query.rs`.
+//! Unit tests of `query/mod.rs`.
 
 use super::*;
 use std::collections::BTreeMap;

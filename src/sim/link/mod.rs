@@ -6,7 +6,7 @@
 //! PUB each engine binds. Only the engines inside dpcoord's table publish:
 //! one started before the operator's `resize` takes it in would have its
 //! updates dropped. Sync mode, waiting before a user placement until
-//! dpcoord has taken what was published, is in `link_sync`.
+//! dpcoord has taken what was published, is in `sync`.
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +18,7 @@ use super::publisher::{LoadPub, Publisher};
 use super::stepped::Wiring;
 use crate::wire::Channel;
 
-#[path = "link_sync.rs"]
-mod link_sync;
+mod sync;
 
 /// Engines re-send their stats at least this often (real time), as liveness.
 const HEARTBEAT: Duration = Duration::from_millis(25);
@@ -182,7 +181,7 @@ impl Link {
         if self.is_stepped() {
             return Ok(());
         }
-        let last = link_sync::still(|| self.kv_taken());
+        let last = sync::still(|| self.kv_taken());
         self.kv_counted_from = (last, self.kv_sent());
         Ok(())
     }

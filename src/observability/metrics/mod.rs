@@ -470,5 +470,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-#[path = "metrics_tests.rs"]
 mod tests;

@@ -30,8 +30,7 @@ pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
 use super::stale::StalePicker;
 use super::workload::{Frontend, Load};
 
-#[path = "world_requests.rs"]
-mod world_requests;
+mod requests;
 
 /// Wait before a failed or refused request is placed again.
 const RETRY_AFTER: Micros = 50_000;

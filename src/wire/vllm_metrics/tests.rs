@@ -1,10 +1,10 @@
-//! Unit tests of `vllm_metrics.rs`, on text rendered by vLLM's own
+//! Unit tests of `vllm_metrics/mod.rs`, on text rendered by vLLM's own
 //! `PrometheusStatLogger` (tests/fixtures/vllm_metrics.py).
 
 use super::*;
 
-const RANK3: &str = include_str!("../../tests/fixtures/vllm_metrics_rank3.prom");
-const TWO_ENGINES: &str = include_str!("../../tests/fixtures/vllm_metrics_two_engines.prom");
+const RANK3: &str = include_str!("../../../tests/fixtures/vllm_metrics_rank3.prom");
+const TWO_ENGINES: &str = include_str!("../../../tests/fixtures/vllm_metrics_two_engines.prom");
 const BEAT: Duration = Duration::from_millis(250);
 
 fn decode(rank: u32, seq: u64, body: &str) -> Result<LoadReport, VllmMetricsError> {

@@ -1,4 +1,4 @@
-//! Unit tests of `sglang.rs`, on payloads shaped like SGLang 0.5.23's
+//! Unit tests of `sglang/mod.rs`, on payloads shaped like SGLang 0.5.23's
 //! `LoadStat` (msgspec, tag + array_like).
 
 use super::*;

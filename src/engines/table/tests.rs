@@ -1,4 +1,4 @@
-//! Unit tests of `table.rs`.
+//! Unit tests of `table/mod.rs`.
 
 use super::*;
 use crate::engines::testing::settings;

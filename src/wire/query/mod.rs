@@ -477,5 +477,4 @@ fn decode_query<'a, O>(
 }
 
 #[cfg(test)]
-#[path = "query_tests.rs"]
 mod tests;

@@ -410,5 +410,4 @@ fn read_lookahead<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, v: Value<'a>) -> R
 }
 
 #[cfg(test)]
-#[path = "kv_events_tests.rs"]
 mod tests;

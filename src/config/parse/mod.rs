@@ -9,7 +9,6 @@ use super::{
     PrefixMode, Routing, Server, Sessions,
 };
 
-#[path = "kv.rs"]
 mod kv;
 pub(super) use kv::parse_kv_events;
 

@@ -145,5 +145,4 @@ pub fn decode_sglang_load(topic: &[u8], seq: &[u8], payload: &[u8]) -> Result<Lo
 }
 
 #[cfg(test)]
-#[path = "sglang_tests.rs"]
 mod tests;
