@@ -355,14 +355,11 @@ impl Coordinator {
         let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
         let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
         let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
-        if !self.user.policy().uses_prefix() {
+        let Some(term) = self.user.prefix_term() else {
             return self.user.route(&req, &self.engines, None, now, out);
-        }
-        // Recent placements count for `cache_aware` only: `lmetric` is the
-        // field's scorer as published, the baseline to beat.
-        let siblings = self.user.policy() == super::PolicyKind::CacheAware;
+        };
         let mode = self.prefix.mode();
-        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, siblings);
+        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, term.siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
         let source = |r| PrefixRouting::source(mode, &self.kv, r);
         self.explained.record(&view, out, &self.engines, source, &self.predictions);
