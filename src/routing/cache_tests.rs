@@ -229,7 +229,7 @@ fn a_degraded_rank_earns_no_prefix_credit_from_its_events() {
         store(&mut c, 0, 2, 4);
         let matched = |c: &mut Coordinator| ask(c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
         assert_eq!(matched(&mut c)["matched"], json!([0, 0, 4, 0]), "{mode:?}");
-        c.kv_new_session(0);
+        c.on_relinked(crate::wire::SourceKind::KvEvents { stream: 0, replay: false });
         assert_eq!(c.state_view(Instant::now()).ranks[2].kv_index, Some("degraded"));
         assert_eq!(matched(&mut c)["matched"], json!([0, 0, 0, 0]), "{mode:?}: degraded");
         // A policy pick: learned by the approximate index in auto mode only.
@@ -284,7 +284,7 @@ fn explain_names_the_index_each_prediction_came_from() {
         let pinned = json!({"v": 1, "op": "route", "tokens": PROMPT, "rank": 2, "explain": true});
         let r = ask(&mut c, Channel::Route, pinned.clone());
         assert_eq!(r["explain"], json!({"best": 16, "chosen": [{"rank": 2, "predicted": 16, "index": "events"}]}));
-        c.kv_new_session(0);
+        c.on_relinked(crate::wire::SourceKind::KvEvents { stream: 0, replay: false });
         let r = ask(&mut c, Channel::Route, pinned);
         assert_eq!(r["explain"], json!({"best": 0, "chosen": [{"rank": 2, "predicted": 0, "index": degraded}]}));
     }

@@ -31,7 +31,7 @@ use crate::observability::prefix_metrics::PrefixMetrics;
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
     self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError, SourceKind,
-    SourceLimits, Target, WireError,
+    SourceLimits, SourceRequest, Target, WireError,
 };
 
 pub struct Coordinator {
@@ -150,15 +150,19 @@ impl Coordinator {
         self
     }
 
-    /// Replays to ask the KV publishers for, `(stream, start_seq)`: the
-    /// transport sends each on the stream's replay socket.
-    pub fn take_replay_asks(&mut self, out: &mut Vec<(u16, u64)>) {
+    /// What to send the sources (replays to ask the KV publishers for):
+    /// the transport sends each to the socket of its kind.
+    pub fn take_source_requests(&mut self, out: &mut Vec<SourceRequest>) {
         self.kv.take_asks(out);
     }
 
-    /// KV publisher `stream`'s link was connected again (a new session).
-    pub fn kv_new_session(&mut self, stream: u16) {
-        self.kv.new_session(stream);
+    /// The link to a source of `kind` was connected again: a new session,
+    /// whose peer may be a new process (a KV publisher's history is then
+    /// checked again, `routing::kv`).
+    pub fn on_relinked(&mut self, kind: SourceKind) {
+        if let SourceKind::KvEvents { stream, replay: false } = kind {
+            self.kv.new_session(stream);
+        }
     }
 
     /// New settings, in force from the next query on: the rank count (every

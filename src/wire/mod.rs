@@ -31,7 +31,7 @@ pub use reply::{
     Chosen, DpSizeFrom, Explain, Instance, PrefixSource, RankView, StateView,
 };
 pub use sglang::{decode_sglang_load, SglangError};
-pub use source::{decode_source, SourceError, SourceKind, SourceLimits};
+pub use source::{decode_source, SourceError, SourceKind, SourceLimits, SourceRequest};
 pub use stats::{decode_stats, StatsError};
 pub use vllm_metrics::{
     decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics, VllmGauges, VllmMetricsError,
