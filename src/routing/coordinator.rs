@@ -366,7 +366,7 @@ impl Coordinator {
         let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, term.siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
         let source = |r| PrefixRouting::source(mode, &self.kv, r);
-        self.explained.record(&view, out, &self.engines, source, &self.predictions);
+        self.explained.record(&view, self.user.guarded(), out, &self.engines, source, &self.predictions);
         // What a policy pick will leave in the rank's cache (approximate mode).
         if req.target == Target::Policy && req.session.is_none() {
             let mut last = None;

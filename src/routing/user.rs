@@ -43,6 +43,8 @@ pub struct UserDispatcher {
     cache: CacheAware,
     /// Per-request costs of a prefix-aware pick.
     request_costs: Vec<f64>,
+    /// Whether the balance guard held for a pick of the last route.
+    guarded: bool,
     /// The mean prompt length of recent placements (about the last
     /// [`PROMPT_WINDOW`]), 0 before the first: what a queued request is
     /// worth in tokens where the engine reports no token load.
@@ -72,6 +74,7 @@ impl UserDispatcher {
             window: DispatchWindow::new(0, r.imbalance_window, now),
             cache: r.cache,
             request_costs: Vec::new(),
+            guarded: false,
             prompt_mean: 0.0,
         };
         d.resize(s.engines.dp_size);
@@ -114,6 +117,12 @@ impl UserDispatcher {
 
     pub fn policy(&self) -> PolicyKind {
         self.policy.kind
+    }
+
+    /// Whether the balance guard set the prefix aside for a pick of the
+    /// last route (its policy picks weighed load alone).
+    pub fn guarded(&self) -> bool {
+        self.guarded
     }
 
     /// The policy's per-request prefix term, if it weighs the prompt.
@@ -168,6 +177,7 @@ impl UserDispatcher {
         out: &mut Vec<u32>,
     ) -> Result<(), Unroutable> {
         out.clear();
+        self.guarded = false;
         if self.synced_epoch != Some(engines.epoch()) {
             self.refresh_all(engines);
         }
@@ -207,6 +217,7 @@ impl UserDispatcher {
     fn pick_cached(&mut self, engines: &EngineTable, view: &PrefixView<'_>) -> u32 {
         let Some(term) = self.policy.prefix else { return self.pick(engines) };
         if term.guarded && self.unbalanced(engines) {
+            self.guarded = true;
             return self.pick(engines);
         }
         self.request_costs.clear();

@@ -54,7 +54,7 @@ pub struct PrefixTerm {
     /// Whether recent placements on event-fed ranks, not yet confirmed by
     /// KV events, count as cached (a prompt's siblings land together).
     pub siblings: bool,
-    /// Whether the balance guard (`routing.cache_aware.balance_*`) drops
+    /// Whether the balance guard (`routing.cache_balance_*`) drops
     /// the term when the ranks' loads spread too far.
     pub guarded: bool,
     /// A rank's cost for this request.
