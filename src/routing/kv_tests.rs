@@ -27,6 +27,7 @@ fn store(t: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }
@@ -178,6 +179,7 @@ fn big(t: u32, blocks: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }
