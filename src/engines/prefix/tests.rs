@@ -291,3 +291,14 @@ fn a_group_beyond_the_index_is_held_unmatchable_and_the_rank_claims_nothing() {
     assert_eq!((a.removed, ix.blocks(1, Medium::Gpu)), (1, 3));
     assert_eq!(ix.distinct_keys(), 6, "group 0's keys and group 62's of rank 0");
 }
+
+#[test]
+fn groups_narrow_ranks_past_the_first_word_of_64() {
+    let mut ix = PrefixIndex::new(70, 1000);
+    for rank in [3, 66, 69] {
+        ix.apply(rank, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    }
+    ix.apply(66, &[in_group(1, &[10], None, &[1, 2])]);
+    let out = leading(&ix, &PROMPT);
+    assert_eq!((out[3], out[66], out[69], out.iter().sum::<u32>()), (3, 1, 3, 7));
+}
