@@ -51,6 +51,7 @@ fn store_sized(c: &mut Coordinator, seq: u64, rank: u32, size: usize, blocks: us
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     let batch = Ok(KvBatch { rank: Some(rank), events: vec![ev] });
     c.on_event(

@@ -27,6 +27,7 @@ fn store(t: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }
@@ -183,6 +184,7 @@ fn big(t: u32, blocks: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }

@@ -18,7 +18,7 @@ mod vllm_metrics;
 pub use crate::engines::Target;
 pub use bounds::max_reply_bytes;
 pub use kv_events::{
-    decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError, LOOKAHEAD, OPAQUE_EXTRA,
+    decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError, BAD_GROUP, LOOKAHEAD, OPAQUE_EXTRA,
     UNKNOWN_EXTRA,
 };
 pub use prompt::{Prompt, TOKENS_PER_KEY};
