@@ -223,6 +223,7 @@ fn steps(mode: Mode, report: &mut Report) {
             lora: None,
             salt: None,
             unmatchable: None,
+            group: 0,
         });
         let events = [ev];
         let mut at = Progress::default();

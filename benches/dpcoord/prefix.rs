@@ -77,6 +77,7 @@ fn store_chain(ix: &mut PrefixIndex, rank: u32, tokens: &[u32], hash0: u64) {
             lora: None,
             salt: None,
             unmatchable: None,
+            group: 0,
         });
         ix.apply(rank, &[ev]);
         parent = Some(last);
@@ -286,6 +287,7 @@ fn fleet(dp: u32, policy: PolicyKind, prompt: &[u32]) -> Coordinator {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     let batch = Ok(KvBatch { rank: Some(dp / 2), events: vec![stored] });
     c.on_event(

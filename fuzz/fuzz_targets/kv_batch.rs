@@ -13,7 +13,7 @@
 
 use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, Medium};
 use dpcoord::engines::prefix::{PrefixIndex, Progress};
-use dpcoord::wire::{decode_kv_batch, decode_kv_message, LOOKAHEAD, OPAQUE_EXTRA};
+use dpcoord::wire::{decode_kv_batch, decode_kv_message, BAD_GROUP, LOOKAHEAD, OPAQUE_EXTRA};
 use libfuzzer_sys::fuzz_target;
 use rmp::encode;
 
@@ -130,12 +130,12 @@ fn hashes(w: &mut Vec<u8>, hashes: &[u64]) {
     }
 }
 
-/// One event as a map; the two kinds the decoder only infers are written as
-/// the input that makes them: token pairs, and a KV cache group other than 0.
+/// One event as a map; the kind the decoder only infers is written as the
+/// input that makes it: token pairs, or a negative KV cache group.
 fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
     match event {
         KvEvent::Stored(s) => {
-            encode::write_map_len(w, 8 + u32::from(s.unmatchable.is_some())).unwrap();
+            encode::write_map_len(w, 9 + u32::from(s.unmatchable.is_some())).unwrap();
             encode::write_str(w, "type").unwrap();
             encode::write_str(w, "BlockStored").unwrap();
             hashes(w, &s.hashes);
@@ -154,21 +154,32 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
             opt_str(w, "medium", Some(s.medium.as_str()));
             opt_str(w, "lora_name", s.lora.as_deref());
             opt_str(w, "cache_salt", s.salt.as_deref());
+            encode::write_str(w, "group_idx").unwrap();
+            encode::write_uint(w, s.group.into()).unwrap();
             if let Some((first, why)) = s.unmatchable {
                 unmatchable(w, first, why, s.lora.as_deref());
             }
         }
-        KvEvent::Removed { hashes: h, medium } => {
-            encode::write_map_len(w, 3).unwrap();
+        KvEvent::Removed { hashes: h, medium, group } => {
+            encode::write_map_len(w, 4).unwrap();
             encode::write_str(w, "type").unwrap();
             encode::write_str(w, "BlockRemoved").unwrap();
             hashes(w, h);
             opt_str(w, "medium", Some(medium.as_str()));
+            encode::write_str(w, "group_idx").unwrap();
+            encode::write_uint(w, (*group).into()).unwrap();
         }
         KvEvent::Cleared => {
             encode::write_map_len(w, 1).unwrap();
             encode::write_str(w, "type").unwrap();
             encode::write_str(w, "AllBlocksCleared").unwrap();
+        }
+        KvEvent::Unindexable(why) if *why == BAD_GROUP => {
+            encode::write_map_len(w, 2).unwrap();
+            encode::write_str(w, "type").unwrap();
+            encode::write_str(w, "BlockRemoved").unwrap();
+            encode::write_str(w, "group_idx").unwrap();
+            encode::write_sint(w, -1).unwrap();
         }
         KvEvent::Unindexable(_) => {
             encode::write_map_len(w, 2).unwrap();
@@ -179,13 +190,6 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
             encode::write_array_len(w, 2).unwrap();
             encode::write_uint(w, 1).unwrap();
             encode::write_uint(w, 2).unwrap();
-        }
-        KvEvent::OtherGroup => {
-            encode::write_map_len(w, 2).unwrap();
-            encode::write_str(w, "type").unwrap();
-            encode::write_str(w, "BlockRemoved").unwrap();
-            encode::write_str(w, "group_idx").unwrap();
-            encode::write_uint(w, 1).unwrap();
         }
     }
 }

@@ -63,7 +63,7 @@ fn events_predict_what_each_rank_holds_and_the_reply_tells_it_when_asked() {
 }
 
 #[test]
-fn without_events_dpcoords_own_placements_predict_and_say_so() {
+fn without_events_dpcoords_own_placements_predict_and_say_so_and_the_guard_too() {
     let d = Daemon::frozen("2", &["--policy", "cache_aware"]);
     d.bring_up(&d.publisher(), &[0, 1]);
     // No KV event yet: blocks of 16, so 32 tokens are 2 blocks.
@@ -79,6 +79,15 @@ fn without_events_dpcoords_own_placements_predict_and_say_so() {
         json!({"best": 32, "chosen": [{"rank": 0, "predicted": 32, "index": "approximate"}]})
     );
     assert_eq!([predicted(&d, 0, "chosen"), predicted(&d, 1, "chosen")], [Some(32.0), Some(0.0)]);
+    // A pinned 40,000-token request spreads the loads past the balance
+    // guard (32,768 tokens and 2x): load alone decides, and says so.
+    d.client().call(json!({"v": 1, "op": "route", "rank": 0, "prompt_tokens": 40_000}));
+    let guarded = ask();
+    assert_eq!(guarded["ranks"], json!([1]));
+    assert_eq!(
+        guarded["explain"],
+        json!({"best": 32, "guarded": true, "chosen": [{"rank": 1, "predicted": 0, "index": "approximate"}]})
+    );
     assert_eq!(d.stop().code(), Some(0));
 }
 

@@ -12,7 +12,9 @@ cannot call it before the stand-ins are in place; the vLLM modules are imported 
 - :func:`make_kv_cache_manager` / :func:`kv_events_for_prompt`: a real ``KVCacheManager``
   (one full-attention group, prefix caching and KV events on) driven as the scheduler
   drives it, and the events it emits for a prompt; :func:`event_batch_payload` encodes
-  them as vLLM's ``ZmqEventPublisher`` does."""
+  them as vLLM's ``ZmqEventPublisher`` does.
+- :func:`make_hybrid_kv_cache_manager`: the same for a hybrid model, a full-attention
+  and a sliding-window KV cache group."""
 
 from __future__ import annotations
 
@@ -181,6 +183,36 @@ def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 
         enable_caching=True, enable_kv_cache_events=True, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
     )
     manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn, num_hash_lookahead_tokens)
+    return manager
+
+
+def make_hybrid_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 64,
+                                 sliding_window: int = 16, max_model_len: int = 8192):
+    """A real ``KVCacheManager`` as the scheduler builds it for a hybrid model (Gemma-3
+    style): KV cache group 0 full attention, group 1 sliding window of ``sliding_window``
+    tokens, one ``BlockPool`` of ``num_blocks`` shared by both (vLLM's own
+    ``KVCacheConfig``, ``KVCacheGroupSpec``, ``FullAttentionSpec``, ``SlidingWindowSpec``,
+    so ``HybridKVCacheCoordinator`` runs); prefix caching and KV events on, the engine's
+    request block hasher (sha256) in ``manager.block_hasher``."""
+    kvi = _mod("vllm.v1.kv_cache_interface")
+    utils = _mod("vllm.v1.core.kv_cache_utils")
+    hash_fn = _mod("vllm.utils.hashing").get_hash_fn_by_name(HASH_ALGO)
+    utils.init_none_hash(hash_fn)
+    shape = dict(block_size=block_size, num_kv_heads=8, head_size=128, dtype=_mod("torch").float16)
+    config = kvi.KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[
+            kvi.KVCacheGroupSpec(["model.layers.0.self_attn.attn"], kvi.FullAttentionSpec(**shape)),
+            kvi.KVCacheGroupSpec(["model.layers.1.self_attn.attn"],
+                                 kvi.SlidingWindowSpec(sliding_window=sliding_window, **shape)),
+        ],
+    )
+    manager = _mod("vllm.v1.core.kv_cache_manager").KVCacheManager(
+        config, max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
+        enable_caching=True, enable_kv_cache_events=True,
+    )
+    assert type(manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn, 0)
     return manager
 
 

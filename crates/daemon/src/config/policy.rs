@@ -1,5 +1,5 @@
 //! The user routing policy's name, as configured (`routing.policy`); what
-//! each one weighs is `routing::policy`'s.
+//! each one weighs is in its own file under `crates/daemon/src/routing/policy/`.
 
 /// The user routing policy, by its configured name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,12 +12,10 @@ pub enum PolicyKind {
     LeastTokens,
     /// The better of two seeded random routable ranks, by request cost.
     PowerOfTwo,
-    /// The lowest `(token load + prefill weight * uncached prompt tokens + 1)
-    /// * (1 + penalty)`: the prefix term is per request (`routing/user/`).
+    /// The lowest token cost plus the prompt's uncached prefill, weighted.
     CacheAware,
-    /// The lowest `(uncached prompt tokens + 1) * (requests in flight + 1)
-    /// * (1 + penalty)` (LMetric): the baseline prefix-aware scorer of the
-    /// field, which `cache_aware` is measured against.
+    /// The lowest `(requests in flight + 1) * (uncached prompt tokens + 1)`
+    /// (LMetric), penalized: the field's prefix-aware baseline.
     LMetric,
 }
 
@@ -40,12 +38,6 @@ impl PolicyKind {
             PolicyKind::CacheAware => "cache_aware",
             PolicyKind::LMetric => "lmetric",
         }
-    }
-
-    /// Whether this policy weighs each request's prompt against what each rank
-    /// has cached (it needs the prompt's prefix looked up).
-    pub fn uses_prefix(self) -> bool {
-        matches!(self, PolicyKind::CacheAware | PolicyKind::LMetric)
     }
 
     pub fn parse(s: &str) -> Option<PolicyKind> {

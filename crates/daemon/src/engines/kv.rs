@@ -61,6 +61,9 @@ pub struct Stored {
     /// lookahead tokens), with why: it and every block after it, in this
     /// event and continuing it, are held but never matched.
     pub unmatchable: Option<(usize, &'static str)>,
+    /// The KV cache group (vLLM's `group_idx`; 0 when absent): a hybrid
+    /// model publishes each block once per group, with the same hashes.
+    pub group: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,14 +72,13 @@ pub enum KvEvent {
     Removed {
         hashes: Vec<u64>,
         medium: Medium,
+        /// The KV cache group the hashes are removed from.
+        group: u32,
     },
     Cleared,
     /// A well-formed event the index cannot key exactly (why): counted,
     /// the rest of its batch applies.
     Unindexable(&'static str),
-    /// An event of a KV cache group other than the first (vLLM's hybrid
-    /// models publish one per group, with the same hashes): ignored.
-    OtherGroup,
 }
 
 /// One decoded `KVEventBatch`.

@@ -15,24 +15,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::config::keys;
-
-/// The config key whose endpoint the socket named `socket` (as the
-/// transport names it) binds or connects to; `None` for dpcoord's own
-/// inproc sockets.
-fn key_of(what: &str, socket: &str) -> Option<String> {
-    let key = match (what, socket) {
-        ("bind", "route") => &keys::ROUTE_BIND.key,
-        ("bind", "health") => &keys::HEALTH_BIND.key,
-        ("bind", "stats") => &keys::STATS_BIND.key,
-        ("connect", "stats") => &keys::STATS_CONNECT.key,
-        ("connect", "sglang_load") => &keys::SGLANG_LOAD_CONNECT.key,
-        ("connect", "kv_events") => &keys::KV_CONNECT.key,
-        ("connect", "kv_replay") => &keys::KV_REPLAY.key,
-        _ => return None,
-    };
-    Some(key.path())
-}
+use crate::config::keys::{self, Key};
 
 /// What to do about `source` at `endpoint`, as a clause to append.
 fn hint(endpoint: &str, source: &zmq::Error) -> String {
@@ -52,10 +35,10 @@ fn hint(endpoint: &str, source: &zmq::Error) -> String {
 }
 
 /// The one line of a failed bind or connect: `KEY: cannot bind EP: why; hint`.
-pub fn endpoint_error(what: &str, socket: &str, endpoint: &str, source: &zmq::Error) -> String {
+pub fn endpoint_error(what: &str, socket: &str, key: Option<&Key>, endpoint: &str, source: &zmq::Error) -> String {
     let hint = hint(endpoint, source);
-    match key_of(what, socket) {
-        Some(key) => format!("{key}: cannot {what} {endpoint}: {source}{hint}"),
+    match key {
+        Some(key) => format!("{}: cannot {what} {endpoint}: {source}{hint}", key.path()),
         None => format!("cannot {what} the {socket} socket to {endpoint}: {source}{hint}"),
     }
 }
@@ -138,20 +121,33 @@ mod tests {
 
     #[test]
     fn a_bind_error_names_its_key_and_what_to_do() {
-        let missing = endpoint_error("bind", "stats", "ipc:///no/such/dir/s.sock", &zmq::Error::ENOENT);
+        let missing = endpoint_error(
+            "bind",
+            "stats",
+            Some(&keys::STATS_BIND.key),
+            "ipc:///no/such/dir/s.sock",
+            &zmq::Error::ENOENT,
+        );
         assert_eq!(
             missing,
             "server.stats_bind: cannot bind ipc:///no/such/dir/s.sock: No such file or directory; \
              the directory /no/such/dir does not exist: create it first (mkdir -p)"
         );
-        let relative = endpoint_error("bind", "route", "ipc://s.sock", &zmq::Error::ENOENT);
+        let relative =
+            endpoint_error("bind", "route", Some(&keys::ROUTE_BIND.key), "ipc://s.sock", &zmq::Error::ENOENT);
         assert!(relative.ends_with("; the directory . does not exist: create it first (mkdir -p)"), "{relative}");
-        let busy = endpoint_error("bind", "health", "tcp://127.0.0.1:5571", &zmq::Error::EADDRINUSE);
+        let busy = endpoint_error(
+            "bind",
+            "health",
+            Some(&keys::HEALTH_BIND.key),
+            "tcp://127.0.0.1:5571",
+            &zmq::Error::EADDRINUSE,
+        );
         assert_eq!(
             busy,
             "server.health_bind: cannot bind tcp://127.0.0.1:5571: Address already in use; another process holds it"
         );
-        let inner = endpoint_error("bind", "zap", "inproc://zeromq.zap.01", &zmq::Error::EADDRINUSE);
+        let inner = endpoint_error("bind", "zap", None, "inproc://zeromq.zap.01", &zmq::Error::EADDRINUSE);
         assert!(inner.starts_with("cannot bind the zap socket to inproc://zeromq.zap.01: "), "{inner}");
         assert!(bind_is_config_error(&zmq::Error::ENOENT) && !bind_is_config_error(&zmq::Error::EADDRINUSE));
     }

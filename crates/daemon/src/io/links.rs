@@ -25,6 +25,7 @@ use super::error::{endpoint_err, TransportError};
 use super::monitor::monitor;
 use super::peers::event_of;
 use super::source::Source;
+use crate::config::keys::Key;
 use crate::observability::metrics::{built, register};
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::SourceKind;
@@ -53,31 +54,29 @@ const AT_WORK: [u16; 3] = [
 pub struct Link {
     /// Its place in `Sockets::sources`.
     pub source: usize,
-    /// A KV publisher's own link (not its replay socket's): its stream.
-    pub kv_stream: Option<u16>,
+    /// The kind of source behind it.
+    pub kind: SourceKind,
     pub endpoint: String,
     pub monitor: zmq::Socket,
 }
 
 /// Asks libzmq to report `s`'s link events and connects the socket that
-/// reads them, then connects `s` to `endpoint` (so no event goes unseen).
+/// reads them, then connects `s` to `endpoint` (so no event goes unseen),
+/// the endpoint configuration key `key` names.
 pub fn connect(
     ctx: &zmq::Context,
     s: &zmq::Socket,
     source: usize,
     kind: SourceKind,
+    key: &'static Key,
     endpoint: &str,
 ) -> Result<Link, TransportError> {
     let name = kind.as_str();
     let inproc = format!("inproc://dpcoord.links.{source}");
     let events = AT_WORK.iter().fold(DISCONNECTED as i32, |all, &e| all | e as i32);
     let monitor = monitor(ctx, s, &inproc, events, EVENT_HWM, name)?;
-    s.connect(endpoint).map_err(endpoint_err("connect", name, endpoint))?;
-    let kv_stream = match kind {
-        SourceKind::KvEvents { stream, replay: false } => Some(stream),
-        _ => None,
-    };
-    Ok(Link { source, kv_stream, endpoint: endpoint.to_owned(), monitor })
+    s.connect(endpoint).map_err(endpoint_err("connect", name, Some(key), endpoint))?;
+    Ok(Link { source, kind, endpoint: endpoint.to_owned(), monitor })
 }
 
 /// One link's state: since when it has been closed and not retried, and

@@ -10,8 +10,9 @@ use super::peers::{self, Monitor};
 use super::scrape;
 use super::source::Source;
 use crate::config::budget::{KV_LINK_BYTES, SOURCE_LINK_BYTES};
+use crate::config::keys::{self, Key};
 use crate::config::{Config, Server};
-use crate::wire::{Channel, SourceKind};
+use crate::wire::{Channel, SourceKind, SourceLimits};
 
 /// How long close waits to flush replies already queued.
 const LINGER_MS: i32 = 1000;
@@ -134,19 +135,176 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zm
     let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_ceiling(), lim.max_batch);
     s.set_sndhwm(reply_hwm(max_reply)).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
-    s.bind(ep).map_err(endpoint_err("bind", name, ep))?;
+    let key = match ch {
+        Channel::Route => &keys::ROUTE_BIND.key,
+        Channel::Health => &keys::HEALTH_BIND.key,
+    };
+    s.bind(ep).map_err(endpoint_err("bind", name, Some(key), ep))?;
     crate::io::ipc::set_mode(&s, cfg.server.ipc_mode)?;
     Ok((s, monitor))
 }
 
-/// A source SUB socket subscribed to `topic` (a prefix).
-fn subscribed(ctx: &zmq::Context, name: &'static str, topic: &[u8], hwm: i32) -> Result<zmq::Socket, TransportError> {
-    let s = ctx.socket(zmq::SUB).map_err(sock_err(name))?;
-    s.set_subscribe(topic).map_err(sock_err(name))?;
-    s.set_linger(0).map_err(sock_err(name))?;
-    s.set_rcvhwm(hwm).map_err(sock_err(name))?;
-    s.set_ipv6(true).map_err(sock_err(name))?;
-    Ok(s)
+/// How a source's socket meets its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Bound at its endpoint: peers under the socket's allowlist and caps
+    /// (ZAP), counted by a monitor, libzmq's size backstop per frame.
+    Bind,
+    /// Connected to each endpoint, a socket each, its link watched and
+    /// connected again should libzmq close it for good (`io::links`).
+    Connect,
+    /// Bound in-process and fed by dpcoord's own threads (the scraper).
+    Inproc,
+}
+
+/// What a source's socket may queue: `bytes` over the largest frame
+/// libzmq lets in, within `least..=most` messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Queue {
+    bytes: usize,
+    least: usize,
+    most: usize,
+}
+
+/// One kind of engine source socket, described once: the key that names
+/// its endpoints, its ZeroMQ type and reach, the kind of source behind
+/// each endpoint (which fixes its framing and decoder, `wire::decode_source`),
+/// its topic, its size limit and queue, and which thread decodes it. A new
+/// source is a row here, its `SourceKind` and decoder in `wire`, and its key.
+struct Row {
+    key: &'static Key,
+    socket: zmq::SocketType,
+    reach: Reach,
+    /// Its endpoints, each with the kind of source behind it.
+    endpoints: fn(&Server) -> Vec<(SourceKind, &str)>,
+    /// The topic prefix a SUB subscribes to.
+    topic: fn(&Server) -> &[u8],
+    /// The largest message dpcoord reads from it (libzmq's own limit is
+    /// [`frame_limit`] of it).
+    limit: fn(&Config) -> usize,
+    queue: Queue,
+    /// Decoded on the KV decoder's thread, off the routing thread.
+    off_thread: bool,
+}
+
+/// The engine sources, in the order the transport serves them.
+const SOURCES: [Row; 6] = [
+    Row {
+        key: &keys::STATS_BIND.key,
+        socket: zmq::SUB,
+        reach: Reach::Bind,
+        endpoints: stats_bind,
+        topic: everything,
+        limit: max_message,
+        queue: Queue { bytes: PEER_INBOUND_BYTES, least: MIN_INBOUND_HWM, most: SOURCE_HWM },
+        off_thread: false,
+    },
+    Row {
+        key: &keys::STATS_CONNECT.key,
+        socket: zmq::SUB,
+        reach: Reach::Connect,
+        endpoints: stats_connect,
+        topic: everything,
+        limit: max_message,
+        queue: Queue { bytes: SOURCE_LINK_BYTES as usize, least: MIN_SOURCE_HWM, most: SOURCE_HWM },
+        off_thread: false,
+    },
+    Row {
+        key: &keys::SGLANG_LOAD_CONNECT.key,
+        socket: zmq::SUB,
+        reach: Reach::Connect,
+        endpoints: sglang_load,
+        topic: everything,
+        limit: max_message,
+        queue: Queue { bytes: SOURCE_LINK_BYTES as usize, least: MIN_SOURCE_HWM, most: SOURCE_HWM },
+        off_thread: false,
+    },
+    Row {
+        key: &keys::VLLM_METRICS_URL.key,
+        socket: zmq::PULL,
+        reach: Reach::Inproc,
+        endpoints: vllm_metrics,
+        topic: everything,
+        limit: scraped_gauges,
+        // One body per scraper pipe: a newer one waits for the last to be read.
+        queue: Queue { bytes: 0, least: 1, most: 1 },
+        off_thread: false,
+    },
+    Row {
+        key: &keys::KV_CONNECT.key,
+        socket: zmq::SUB,
+        reach: Reach::Connect,
+        endpoints: kv_events,
+        topic: kv_topic,
+        limit: kv_batch,
+        queue: Queue { bytes: KV_LINK_BYTES as usize, least: MIN_KV_HWM, most: KV_HWM },
+        off_thread: true,
+    },
+    Row {
+        key: &keys::KV_REPLAY.key,
+        socket: zmq::DEALER,
+        reach: Reach::Connect,
+        endpoints: kv_replay,
+        topic: everything,
+        limit: kv_batch,
+        queue: Queue { bytes: KV_LINK_BYTES as usize, least: MIN_KV_HWM, most: KV_HWM },
+        off_thread: true,
+    },
+];
+
+fn stats_bind(srv: &Server) -> Vec<(SourceKind, &str)> {
+    srv.stats_bind.iter().map(|ep| (SourceKind::Stats, ep.as_str())).collect()
+}
+
+/// An engine's stats PUB speaks for any rank.
+fn stats_connect(srv: &Server) -> Vec<(SourceKind, &str)> {
+    srv.stats_connect.iter().map(|ep| (SourceKind::Stats, ep.as_str())).collect()
+}
+
+/// The i-th SGLang load PUB speaks for rank i only.
+fn sglang_load(srv: &Server) -> Vec<(SourceKind, &str)> {
+    let each = srv.sglang_load_connect.iter().enumerate();
+    each.map(|(i, ep)| (SourceKind::SglangLoad { rank: i as u32 }, ep.as_str())).collect()
+}
+
+/// One PULL for every scraped URL: the scraper's threads push to it.
+fn vllm_metrics(srv: &Server) -> Vec<(SourceKind, &str)> {
+    let kind = SourceKind::VllmMetrics { interval: srv.vllm_metrics_interval };
+    (!srv.vllm_metrics_url.is_empty()).then_some((kind, scrape::ENDPOINT)).into_iter().collect()
+}
+
+/// Per KV publisher (one rank each) its own SUB, so that its `seq` is
+/// known to be its own; the config allows at most 65535 publishers.
+fn kv_events(srv: &Server) -> Vec<(SourceKind, &str)> {
+    let each = srv.kv_events.iter().enumerate();
+    each.map(|(i, ep)| (SourceKind::KvEvents { stream: i as u16, replay: false }, ep.connect.as_str())).collect()
+}
+
+/// A DEALER to each KV publisher's replay socket, for those that have one.
+fn kv_replay(srv: &Server) -> Vec<(SourceKind, &str)> {
+    let each = srv.kv_events.iter().enumerate();
+    let replay = each.filter_map(|(i, ep)| Some((i as u16, ep.replay.as_deref()?)));
+    replay.map(|(stream, ep)| (SourceKind::KvEvents { stream, replay: true }, ep)).collect()
+}
+
+fn everything(_: &Server) -> &[u8] {
+    b""
+}
+
+fn kv_topic(srv: &Server) -> &[u8] {
+    srv.kv_topic.as_bytes()
+}
+
+fn max_message(cfg: &Config) -> usize {
+    cfg.settings.limits.max_message_bytes
+}
+
+fn kv_batch(cfg: &Config) -> usize {
+    cfg.settings.kv.max_batch_bytes
+}
+
+fn scraped_gauges(cfg: &Config) -> usize {
+    SourceKind::VllmMetrics { interval: cfg.server.vllm_metrics_interval }.max_bytes(&SourceLimits::NONE)
 }
 
 /// Where the sources go, and the links of those that connect.
@@ -155,98 +313,56 @@ struct Opened {
     links: Vec<Link>,
 }
 
-impl Opened {
-    /// Adds a connecting source: `s` (options set) limited to `limit`
-    /// bytes per frame, connected to `endpoint` under watch.
-    fn connect(
-        &mut self,
-        ctx: &zmq::Context,
-        s: zmq::Socket,
-        kind: SourceKind,
-        limit: i64,
-        endpoint: &str,
-    ) -> Result<(), TransportError> {
-        s.set_maxmsgsize(limit).map_err(sock_err(kind.as_str()))?;
-        self.links.push(links::connect(ctx, &s, self.sources.len(), kind, endpoint)?);
-        self.sources.push(Source { socket: s, kind });
-        Ok(())
+/// Opens a row's socket for one endpoint: bound, connected (its link
+/// watched) or bound in-process. Connecting sockets are never shared with
+/// a bound one: there libzmq would check dpcoord's own outgoing links
+/// against the allowlist too.
+fn open(
+    ctx: &zmq::Context,
+    cfg: &Config,
+    row: &Row,
+    (kind, ep): (SourceKind, &str),
+    out: &mut Opened,
+    monitors: &mut Vec<Monitor>,
+) -> Result<(), TransportError> {
+    let name = kind.as_str();
+    let s = ctx.socket(row.socket).map_err(sock_err(name))?;
+    if row.socket == zmq::SUB {
+        s.set_subscribe((row.topic)(&cfg.server)).map_err(sock_err(name))?;
     }
+    s.set_linger(0).map_err(sock_err(name))?;
+    let limit = frame_limit((row.limit)(cfg));
+    let Queue { bytes, least, most } = row.queue;
+    s.set_rcvhwm(bytes_hwm(bytes, limit, least, most)).map_err(sock_err(name))?;
+    match row.reach {
+        Reach::Bind => {
+            guard(&s, name)?;
+            monitors.push(peers::watch(ctx, &s, name)?);
+            s.set_maxmsgsize(limit).map_err(sock_err(name))?;
+            s.set_ipv6(true).map_err(sock_err(name))?;
+            s.bind(ep).map_err(endpoint_err("bind", name, Some(row.key), ep))?;
+            crate::io::ipc::set_mode(&s, cfg.server.ipc_mode)?;
+        }
+        Reach::Connect => {
+            s.set_maxmsgsize(limit).map_err(sock_err(name))?;
+            s.set_ipv6(true).map_err(sock_err(name))?;
+            out.links.push(links::connect(ctx, &s, out.sources.len(), kind, row.key, ep)?);
+        }
+        Reach::Inproc => s.bind(ep).map_err(endpoint_err("bind", name, None, ep))?,
+    }
+    out.sources.push(Source { socket: s, kind, off_thread: row.off_thread });
+    Ok(())
 }
 
-/// The endpoints dpcoord connects to, each with its source kind: an
-/// engine's stats PUB speaks for any rank, the i-th SGLang load PUB for rank
-/// i only. A new source is a row here, its config key, and its decoder in `wire`.
-fn connected(srv: &Server) -> impl Iterator<Item = (SourceKind, &String)> {
-    let stats = srv.stats_connect.iter().map(|ep| (SourceKind::Stats, ep));
-    let load =
-        srv.sglang_load_connect.iter().enumerate().map(|(i, ep)| (SourceKind::SglangLoad { rank: i as u32 }, ep));
-    stats.chain(load)
-}
-
-/// The scraped source: a PULL bound in-process, fed by the scraper's
-/// threads (`io::scrape`), one pipe per URL holding at most one body.
-fn scraped(ctx: &zmq::Context, srv: &Server) -> Result<Source, TransportError> {
-    let kind = SourceKind::VllmMetrics { interval: srv.vllm_metrics_interval };
-    let s = ctx.socket(zmq::PULL).map_err(sock_err(kind.as_str()))?;
-    s.set_linger(0).map_err(sock_err(kind.as_str()))?;
-    s.set_rcvhwm(1).map_err(sock_err(kind.as_str()))?;
-    s.bind(scrape::ENDPOINT).map_err(endpoint_err("bind", kind.as_str(), scrape::ENDPOINT))?;
-    Ok(Source { socket: s, kind })
-}
-
-/// The engine sources: a SUB bound at `stats_bind` (under the allowlist and
-/// libzmq's size backstop), and per endpoint of each kind dpcoord connects
-/// to its own socket, each with its own byte bound ([`frame_limit`],
-/// [`bytes_hwm`]) and its link watched (`io::links`: libzmq never reconnects
-/// a link it closed over an oversized frame; dpcoord does). Connecting
-/// sockets are never shared with the bound one: there libzmq would check
-/// dpcoord's own outgoing links against the allowlist too.
+/// Every engine source the config names, row by row ([`SOURCES`]).
 fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Result<Opened, TransportError> {
-    let srv = &cfg.server;
     let mut out = Opened { sources: Vec::new(), links: Vec::new() };
-    if let Some(ep) = &srv.stats_bind {
-        let s = subscribed(ctx, "stats", b"", SOURCE_HWM as i32)?;
-        guard(&s, "stats")?;
-        monitors.push(peers::watch(ctx, &s, "stats")?);
-        s.set_maxmsgsize(backstop(cfg)).map_err(sock_err("stats"))?;
-        s.set_rcvhwm(bytes_hwm(PEER_INBOUND_BYTES, backstop(cfg), MIN_INBOUND_HWM, SOURCE_HWM))
-            .map_err(sock_err("stats"))?;
-        s.bind(ep).map_err(endpoint_err("bind", "stats", ep))?;
-        crate::io::ipc::set_mode(&s, srv.ipc_mode)?;
-        out.sources.push(Source { socket: s, kind: SourceKind::Stats });
-    }
-    let limit = frame_limit(cfg.settings.limits.max_message_bytes);
-    let hwm = bytes_hwm(SOURCE_LINK_BYTES as usize, limit, MIN_SOURCE_HWM, SOURCE_HWM);
-    for (kind, ep) in connected(srv) {
-        out.connect(ctx, subscribed(ctx, kind.as_str(), b"", hwm)?, kind, limit, ep)?;
-    }
-    if !srv.vllm_metrics_url.is_empty() {
-        out.sources.push(scraped(ctx, srv)?);
-    }
-    kv_sources(ctx, cfg, &mut out)?;
-    Ok(out)
-}
-
-/// Per KV publisher (one rank each), its own SUB, so that its `seq` is
-/// known to be its own, and a DEALER to its replay socket if it has one.
-fn kv_sources(ctx: &zmq::Context, cfg: &Config, out: &mut Opened) -> Result<(), TransportError> {
-    let srv = &cfg.server;
-    let limit = frame_limit(cfg.settings.kv.max_batch_bytes);
-    let hwm = bytes_hwm(KV_LINK_BYTES as usize, limit, MIN_KV_HWM, KV_HWM);
-    for (i, ep) in srv.kv_events.iter().enumerate() {
-        let stream = i as u16; // the config allows at most 65535 publishers
-        let kind = SourceKind::KvEvents { stream, replay: false };
-        out.connect(ctx, subscribed(ctx, kind.as_str(), srv.kv_topic.as_bytes(), hwm)?, kind, limit, &ep.connect)?;
-        if let Some(replay) = &ep.replay {
-            let kind = SourceKind::KvEvents { stream, replay: true };
-            let d = ctx.socket(zmq::DEALER).map_err(sock_err(kind.as_str()))?;
-            d.set_linger(0).map_err(sock_err(kind.as_str()))?;
-            d.set_rcvhwm(hwm).map_err(sock_err(kind.as_str()))?;
-            d.set_ipv6(true).map_err(sock_err(kind.as_str()))?;
-            out.connect(ctx, d, kind, limit, replay)?;
+    for row in &SOURCES {
+        for endpoint in (row.endpoints)(&cfg.server) {
+            open(ctx, cfg, row, endpoint, &mut out, monitors)?;
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 impl Sockets {
@@ -256,7 +372,7 @@ impl Sockets {
         let srv = &cfg.server;
         // The handler is bound before any socket can accept a peer.
         let zap = ctx.socket(zmq::REP).map_err(sock_err("zap"))?;
-        zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", ZAP_ENDPOINT))?;
+        zap.bind(ZAP_ENDPOINT).map_err(endpoint_err("bind", "zap", None, ZAP_ENDPOINT))?;
         let mut monitors = Vec::with_capacity(3);
         let Opened { sources, links } = sources(&ctx, cfg, &mut monitors)?;
         let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;

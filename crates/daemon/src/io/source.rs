@@ -2,8 +2,11 @@
 
 use crate::wire::SourceKind;
 
-/// One engine source: a SUB socket and the format it carries.
+/// One engine source: its socket, the format it carries and where that is
+/// decoded (its row in `io::sockets`).
 pub struct Source {
     pub socket: zmq::Socket,
     pub kind: SourceKind,
+    /// Decoded on the KV decoder's thread, off the routing thread.
+    pub off_thread: bool,
 }

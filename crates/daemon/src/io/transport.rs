@@ -24,7 +24,7 @@ use super::sockets::Sockets;
 use super::source::Source;
 use super::zap::{self, Gate};
 use crate::routing::Coordinator;
-use crate::wire::{Channel, SourceKind};
+use crate::wire::{Channel, SourceRequest};
 
 /// Messages taken from one socket per poll round, so no socket starves
 /// another (sources included: a flood of updates delays a query by one batch).
@@ -46,15 +46,12 @@ const STOP_QUIET: Duration = Duration::from_millis(100);
 const STOP_BUDGET: Duration = Duration::from_millis(500);
 
 /// Reads a source until EAGAIN; `true` when the batch limit stopped it
-/// first. A KV source's messages go to the decoder, and it stops early
-/// (`false`, marked blocked) while the decoder's queue is full.
+/// first. A source decoded off the routing thread hands its messages to
+/// the KV decoder, and stops early (`false`, marked blocked) while the
+/// decoder's queue is full.
 fn drain_source(src: &Source, q: &mut Queries<'_>, kv: &mut Option<Kv>) -> Result<bool, zmq::Error> {
     let Queries { frames: f, coord, .. } = q;
-    let decoder = match (src.kind, kv) {
-        (SourceKind::KvEvents { .. }, Some(kv)) => Some(kv),
-        _ => None,
-    };
-    if let Some(kv) = decoder {
+    if let Some(kv) = kv.as_mut().filter(|_| src.off_thread) {
         for _ in 0..BATCH {
             if !kv.decoder.has_room() {
                 kv.blocked = true;
@@ -102,14 +99,13 @@ impl Kv {
     }
 }
 
-/// Asks KV publisher `stream` to replay its batches from `from` (an empty
-/// delimiter, then the seq as 8 bytes BE). A replay that cannot be sent
-/// times out in the coordinator like one that never ends.
-fn ask_replay(sources: &[Source], stream: u16, from: u64) {
-    let dealer = sources.iter().find(|s| s.kind == SourceKind::KvEvents { stream, replay: true });
-    if let Some(d) = dealer {
-        if let Err(e) = d.socket.send_multipart([&b""[..], &from.to_be_bytes()[..]], zmq::DONTWAIT) {
-            tracing::debug!(stream, error = %e, "KV replay request not sent");
+/// Sends what the coordinator asks of a source (a KV publisher's replay
+/// socket): an empty delimiter, then the body. A request that cannot be
+/// sent times out in the coordinator like one that is never answered.
+fn send_request(sources: &[Source], r: &SourceRequest) {
+    if let Some(src) = sources.iter().find(|s| s.kind == r.to) {
+        if let Err(e) = src.socket.send_multipart([&b""[..], &r.body[..]], zmq::DONTWAIT) {
+            tracing::debug!(source = r.to.as_str(), error = %e, "a request to a source not sent");
         }
     }
 }
@@ -167,9 +163,9 @@ impl Polled<'_> {
             Polled::Link(i, l) => {
                 let served = relinks.drain(i, &l.monitor, Instant::now());
                 // Before the link's first message of the new session is read
-                // (monitors are served before sources).
-                if let Some(stream) = l.kv_stream.filter(|_| relinks.take_renewed(i)) {
-                    q.coord.kv_new_session(stream);
+                // (links are served before sources).
+                if relinks.take_renewed(i) {
+                    q.coord.on_relinked(l.kind);
                 }
                 served
             }
@@ -221,9 +217,8 @@ pub fn serve(
     for p in &polled {
         items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
     }
-    let kv_sources: Vec<usize> = (0..polled.len())
-        .filter(|&i| matches!(&polled[i], Polled::Source(s) if matches!(s.kind, SourceKind::KvEvents { .. })))
-        .collect();
+    let kv_sources: Vec<usize> =
+        (0..polled.len()).filter(|&i| matches!(&polled[i], Polled::Source(s) if s.off_thread)).collect();
     let mut kv = match kv_sources.is_empty() {
         true => None,
         false => {
@@ -242,7 +237,7 @@ pub fn serve(
     let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
     let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
     let mut q = Queries { frames: Frames::new(), coord, drops, reloads };
-    let mut asks = Vec::new();
+    let mut requests = Vec::new();
     // Every socket is read once before the first wait, which arms its ZMQ_FD.
     let mut unfinished = vec![true; polled.len()];
     while !control.stop.load(Ordering::Relaxed) {
@@ -300,9 +295,9 @@ pub fn serve(
             }
         }
         relinks.reconnect_due(links, sources, Instant::now());
-        q.coord.take_replay_asks(&mut asks);
-        for (stream, from) in asks.drain(..) {
-            ask_replay(sources, stream, from);
+        q.coord.take_source_requests(&mut requests);
+        for r in requests.drain(..) {
+            send_request(sources, &r);
         }
     }
     // Answer what is queued and what is still on its way (sent before the

@@ -84,12 +84,12 @@ impl ResetCause {
 }
 
 /// `dpcoord_kv_events_total`'s results, in the order of [`RankKv::events`].
-const EVENT_RESULTS: [&str; 8] =
-    ["stored", "removed", "cleared", "unknown_parent", "unknown_block", "bad_event", "other_group", "unmatchable"];
+const EVENT_RESULTS: [&str; 7] =
+    ["stored", "removed", "cleared", "unknown_parent", "unknown_block", "bad_event", "unmatchable"];
 
 /// One rank's handles.
 struct RankKv {
-    events: [IntCounter; 8],
+    events: [IntCounter; 7],
     blocks: [IntGauge; 4],
     resets: [IntCounter; 5],
     evicted: IntCounter,
@@ -229,16 +229,7 @@ impl KvMetrics {
 
     pub fn applied(&self, rank: u32, a: &Applied) {
         let Some(m) = self.ranks.get(rank as usize) else { return };
-        let counts = [
-            a.stored,
-            a.removed,
-            a.cleared,
-            a.unknown_parent,
-            a.unknown_block,
-            a.bad_event,
-            a.other_group,
-            a.unmatchable,
-        ];
+        let counts = [a.stored, a.removed, a.cleared, a.unknown_parent, a.unknown_block, a.bad_event, a.unmatchable];
         for (c, n) in m.events.iter().zip(counts) {
             c.inc_by(n);
         }

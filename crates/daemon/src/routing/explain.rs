@@ -13,6 +13,8 @@ use crate::wire::{Chosen, Explain, PrefixSource};
 pub(super) struct Explained {
     made: bool,
     best: u64,
+    /// The balance guard set the prefix aside for a policy pick.
+    guarded: bool,
     /// One entry per distinct rank placed on, in order of first placement.
     chosen: Vec<Chosen>,
 }
@@ -24,11 +26,13 @@ impl Explained {
         self.chosen.clear();
     }
 
-    /// The placements `placed` were weighed against `view`; `source` says
-    /// where each rank's match came from. Each placement is counted.
+    /// The placements `placed` were weighed against `view` (or, `guarded`,
+    /// the policy's picks against load alone: the balance guard held);
+    /// `source` says where each rank's match came from. Each placement is counted.
     pub fn record(
         &mut self,
         view: &PrefixView<'_>,
+        guarded: bool,
         placed: &[u32],
         engines: &EngineTable,
         source: impl Fn(u32) -> PrefixSource,
@@ -39,6 +43,7 @@ impl Explained {
         self.clear();
         self.made = true;
         self.best = best;
+        self.guarded = guarded;
         for &rank in placed {
             let predicted = view.cached(rank);
             metrics.placed(rank, predicted, best);
@@ -50,6 +55,6 @@ impl Explained {
 
     /// The reply's `explain`, if a prediction was made.
     pub fn reply(&self) -> Option<Explain<'_>> {
-        self.made.then_some(Explain { best: self.best, chosen: &self.chosen })
+        self.made.then_some(Explain { best: self.best, guarded: self.guarded, chosen: &self.chosen })
     }
 }

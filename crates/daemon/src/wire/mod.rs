@@ -18,7 +18,7 @@ mod vllm_metrics;
 pub use crate::engines::Target;
 pub use bounds::max_reply_bytes;
 pub use kv_events::{
-    decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError, LOOKAHEAD, OPAQUE_EXTRA,
+    decode_batch as decode_kv_batch, decode_kv_message, BatchError, KvFrameError, BAD_GROUP, LOOKAHEAD, OPAQUE_EXTRA,
     UNKNOWN_EXTRA,
 };
 pub use prompt::{Prompt, TOKENS_PER_KEY};
@@ -31,7 +31,7 @@ pub use reply::{
     Chosen, DpSizeFrom, Explain, Instance, PrefixSource, RankView, StateView,
 };
 pub use sglang::{decode_sglang_load, SglangError};
-pub use source::{decode_source, SourceError, SourceKind, SourceLimits};
+pub use source::{decode_source, SourceError, SourceKind, SourceLimits, SourceRequest};
 pub use stats::{decode_stats, StatsError};
 pub use vllm_metrics::{
     decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics, VllmGauges, VllmMetricsError,

@@ -113,11 +113,14 @@ pub struct Chosen {
     pub index: PrefixSource,
 }
 
-/// A route reply's `explain`: the most any rank was predicted to hold, and
-/// each distinct rank placed on, in order of first placement.
+/// A route reply's `explain`: the most any rank was predicted to hold,
+/// whether the balance guard set the prefix aside (sent only when it did),
+/// and each distinct rank placed on, in order of first placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Explain<'a> {
     pub best: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub guarded: bool,
     pub chosen: &'a [Chosen],
 }
 
@@ -318,7 +321,7 @@ mod tests {
             Chosen { rank: 1, predicted: 32, index: PrefixSource::Events },
             Chosen { rank: 2, predicted: 0, index: PrefixSource::Approximate },
         ];
-        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, chosen: &chosen }));
+        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, guarded: false, chosen: &chosen }));
         assert_eq!(
             decode(&out),
             serde_json::json!({"v":1,"ok":true,"ranks":[1,2,1],"epoch":7,"explain":{"best":48,"chosen":[

@@ -1,9 +1,10 @@
 //! Engine sources: which wire format a socket carries, and the one place
 //! that turns a received message (all its frames) into an engine event.
 //!
-//! Adding a source is a variant here, its decoder beside this file, and a
-//! config entry that names its endpoints; the transport polls every source
-//! the same way and the coordinator applies what comes out.
+//! Adding a source is a variant here, its decoder beside this file, a row
+//! in `io::sockets::SOURCES` and the config key that names its endpoints;
+//! the transport polls every source the same way and the coordinator
+//! applies what comes out.
 
 use std::fmt;
 use std::ops::Deref;
@@ -31,6 +32,22 @@ pub enum SourceKind {
     /// `kv_events.connect`): `[topic, seq, batch]`, or from its replay
     /// socket `["", topic, seq, batch]`.
     KvEvents { stream: u16, replay: bool },
+}
+
+/// A message dpcoord sends to a source, to the socket of kind `to`: an
+/// empty delimiter, then `body`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRequest {
+    pub to: SourceKind,
+    pub body: [u8; 8],
+}
+
+impl SourceRequest {
+    /// Asks KV publisher `stream`'s replay socket for its batches from
+    /// `from` on (the seq as 8 bytes big-endian: vLLM's replay protocol).
+    pub fn kv_replay(stream: u16, from: u64) -> SourceRequest {
+        SourceRequest { to: SourceKind::KvEvents { stream, replay: true }, body: from.to_be_bytes() }
+    }
 }
 
 /// The size limits of source messages.

@@ -8,7 +8,7 @@
 //! slice over its cap.
 
 use super::blocks::GpuKeys;
-use super::{keys, Applied, PrefixIndex};
+use super::{groups, keys, Applied, PrefixIndex, MAX_GROUP};
 use crate::engines::kv::{KvEvent, Medium, Stored};
 
 /// Where one batch's application stands, and what it did so far.
@@ -18,7 +18,8 @@ pub struct Progress {
     event: usize,
     /// Within it, the next block (`BlockStored`, `BlockRemoved`).
     block: usize,
-    /// `BlockStored`: the key of the block before `block`.
+    /// `BlockStored`: the chain key of the block before `block` (not mixed
+    /// with the group).
     chain: u64,
     /// `BlockStored`: the first block held as unmatchable (its length when none).
     cut: usize,
@@ -72,15 +73,12 @@ impl PrefixIndex {
             let left = budget - used;
             used += match ev {
                 KvEvent::Stored(st) => self.store_some(rank, st, at, left),
-                KvEvent::Removed { hashes, medium } => self.remove_some(rank, hashes, *medium, at, left),
+                KvEvent::Removed { hashes, medium, group } => {
+                    self.remove_some(rank, hashes, (*medium, *group), at, left)
+                }
                 KvEvent::Cleared => self.clear_some(rank, at, left),
                 KvEvent::Unindexable(_) => {
                     at.applied.bad_event += 1;
-                    at.next_event();
-                    1
-                }
-                KvEvent::OtherGroup => {
-                    at.applied.other_group += 1;
                     at.next_event();
                     1
                 }
@@ -118,6 +116,9 @@ impl PrefixIndex {
         // Only a store indexed here teaches the rank its block size.
         let bs = self.sizes.of(rank).unwrap_or(st.block_size);
         if at.block == 0 {
+            // Any store of a group, indexed or not, makes the rank's hit the
+            // least of its groups': what the group holds bounds it.
+            self.groups.publish(rank, st.group);
             if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
                 at.applied.bad_event += 1;
                 at.next_event();
@@ -125,8 +126,8 @@ impl PrefixIndex {
             }
             at.chain = match st.parent {
                 None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
-                Some(p) => match self.ranks[rank as usize].key_of(st.medium, p) {
-                    Some(k) => k,
+                Some(p) => match self.ranks[rank as usize].key_of(st.medium, groups::hash(p, st.group)) {
+                    Some(k) => groups::unkey(k, st.group),
                     None => {
                         at.applied.unknown_parent += 1;
                         at.next_event();
@@ -134,9 +135,10 @@ impl PrefixIndex {
                     }
                 },
             };
-            // A block continuing an unmatchable one is unmatchable too.
+            // A block continuing an unmatchable one is unmatchable too, and
+            // so is every block of a group the index does not represent.
             at.cut = match st.unmatchable {
-                _ if at.chain == keys::UNMATCHABLE => 0,
+                _ if at.chain == keys::UNMATCHABLE || st.group > MAX_GROUP => 0,
                 Some((first, _)) => first.min(st.hashes.len()),
                 None => st.hashes.len(),
             };
@@ -151,8 +153,9 @@ impl PrefixIndex {
         keys::chain_keys(at.chain, &st.tokens[from * bs..keyed * bs], bs, &mut self.keys);
         self.keys.resize(to - from, keys::UNMATCHABLE);
         let blocks = &mut self.ranks[rank as usize];
-        for (&hash, &key) in st.hashes[from..to].iter().zip(&self.keys) {
-            let replaced = blocks.insert(st.medium, hash, key);
+        for (&hash, &chain) in st.hashes[from..to].iter().zip(&self.keys) {
+            let key = groups::key(chain, st.group);
+            let replaced = blocks.insert(st.medium, groups::hash(hash, st.group), key);
             if st.medium == Medium::Gpu {
                 if let Some(old) = replaced.filter(|&k| k != keys::UNMATCHABLE) {
                     self.holders.unset(old, rank);
@@ -175,10 +178,11 @@ impl PrefixIndex {
         (to - from).max(1)
     }
 
-    fn remove_some(&mut self, rank: u32, hashes: &[u64], medium: Medium, at: &mut Progress, budget: usize) -> usize {
+    fn remove_some(&mut self, rank: u32, hashes: &[u64], of: (Medium, u32), at: &mut Progress, budget: usize) -> usize {
+        let (medium, group) = of;
         let (from, to) = (at.block, hashes.len().min(at.block.saturating_add(budget)));
         for &h in &hashes[from..to] {
-            match self.ranks[rank as usize].remove(medium, h) {
+            match self.ranks[rank as usize].remove(medium, groups::hash(h, group)) {
                 Some(key) => {
                     at.applied.blocks_removed += 1;
                     if medium == Medium::Gpu {
@@ -228,6 +232,7 @@ mod tests {
             lora: None,
             salt: None,
             unmatchable: None,
+            group: 0,
         })
     }
 
@@ -237,15 +242,16 @@ mod tests {
         vec![
             stored(0..40, None, Medium::Gpu),
             stored(40..45, Some(39), Medium::Cpu),
-            KvEvent::Removed { hashes: vec![3, 999, 4], medium: Medium::Gpu },
+            KvEvent::Removed { hashes: vec![3, 999, 4], medium: Medium::Gpu, group: 0 },
             KvEvent::Unindexable("pairs"),
             stored(100..130, None, Medium::Gpu),
             KvEvent::Cleared,
             stored(200..233, None, Medium::Gpu),
             stored(233..240, Some(232), Medium::Gpu),
             stored(300..301, Some(12345), Medium::Gpu),
-            KvEvent::Removed { hashes: (200..210).collect(), medium: Medium::Gpu },
-            KvEvent::OtherGroup,
+            KvEvent::Removed { hashes: (200..210).collect(), medium: Medium::Gpu, group: 0 },
+            // Group 1 never held hash 210: group 0's stays.
+            KvEvent::Removed { hashes: vec![210], medium: Medium::Gpu, group: 1 },
             KvEvent::Stored(Stored { hashes: vec![], ..stored_of(0) }),
         ]
     }

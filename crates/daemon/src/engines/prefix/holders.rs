@@ -1,5 +1,5 @@
 //! Which ranks hold each block key: a bitset per key, one word per 64
-//! ranks (the word's group mixed into the map key), so a prompt's
+//! ranks (the word's number mixed into the map key), so a prompt's
 //! leading-match scan is one probe per block for up to 64 ranks and stops
 //! at the first block no rank holds. Shared by the event-fed index and the
 //! approximate one. The map is sharded (`sharded.rs`): with millions of
@@ -12,9 +12,9 @@ const WORD: u32 = 64;
 /// `log2` of the shards: 8 million keys are 32,768 a shard.
 const SHARD_BITS: u32 = 8;
 
-/// The map key of block `key` for the rank group `group`.
-fn slot(key: u64, group: u32) -> u64 {
-    key ^ u64::from(group).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+/// The map key of block `key` for the ranks of word `word`.
+fn slot(key: u64, word: u32) -> u64 {
+    key ^ u64::from(word).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 pub struct Holders(Sharded<u64>);
@@ -26,7 +26,7 @@ impl Default for Holders {
 }
 
 impl Holders {
-    /// Distinct (key, rank group) entries.
+    /// Distinct (key, rank word) entries.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -51,26 +51,31 @@ impl Holders {
     pub fn leading(&self, keys: &[u64], dp: u32, out: &mut Vec<u32>) {
         out.clear();
         out.resize(dp as usize, 0);
-        for group in 0..dp.div_ceil(WORD) {
-            let in_group = (dp - group * WORD).min(WORD);
-            let mut active = if in_group == WORD { u64::MAX } else { (1u64 << in_group) - 1 };
+        self.scan(keys, dp, |k| k, |rank, n| out[rank as usize] = n);
+    }
+
+    /// For the chain `keys`, each map key taken as `key_of(key)`: calls
+    /// `found(rank, n)` once for each of `dp` ranks, which holds `n` leading blocks.
+    pub fn scan(&self, keys: &[u64], dp: u32, key_of: impl Fn(u64) -> u64, mut found: impl FnMut(u32, u32)) {
+        for word in 0..dp.div_ceil(WORD) {
+            let in_word = (dp - word * WORD).min(WORD);
+            let mut active = if in_word == WORD { u64::MAX } else { (1u64 << in_word) - 1 };
             let mut matched = 0;
             while matched < keys.len() && active != 0 {
-                let bits = self.0.get(slot(keys[matched], group)).copied().unwrap_or(0);
-                set_ranks(out, group, active & !bits, matched);
+                let bits = self.0.get(slot(key_of(keys[matched]), word)).copied().unwrap_or(0);
+                each_rank(word, active & !bits, |r| found(r, matched as u32));
                 active &= bits;
                 matched += 1;
             }
-            set_ranks(out, group, active, matched);
+            each_rank(word, active, |r| found(r, matched as u32));
         }
     }
 }
 
-/// `out[r] = n` for each rank `r` of `group` whose bit is set in `bits`.
-fn set_ranks(out: &mut [u32], group: u32, mut bits: u64, n: usize) {
+/// `f(r)` for each rank `r` of word `word` whose bit is set in `bits`.
+fn each_rank(word: u32, mut bits: u64, mut f: impl FnMut(u32)) {
     while bits != 0 {
-        let b = bits.trailing_zeros();
-        out[(group * WORD + b) as usize] = n as u32;
+        f(word * WORD + bits.trailing_zeros());
         bits &= bits - 1;
     }
 }

@@ -3,12 +3,15 @@
 //!
 //! Two maps, chosen for lookup speed and bytes per block:
 //! - `holders`: block key -> a bitset of the ranks holding it on GPU (one
-//!   word per 64 ranks, the word's group mixed into the map key), so a
+//!   word per 64 ranks, the word's number mixed into the map key), so a
 //!   prompt's leading-match scan is one probe per block for up to 64 ranks,
 //!   and it stops at the first block no rank holds.
 //! - per rank and medium, the engine's block hash -> (key, insertion
 //!   stamp) (`blocks.rs`), because `BlockRemoved` names blocks by the
 //!   engine's hash, which a router cannot recompute.
+//!
+//! A hybrid model's KV cache groups share both maps, hashes and keys mixed
+//! with the group (`groups.rs`); group 0's are the plain ones.
 //!
 //! A radix tree over token blocks (SGLang's gateway, Dynamo) would share
 //! prefix nodes, but every node costs a pointer chase on lookup and more
@@ -18,6 +21,7 @@
 mod apply;
 mod approx;
 mod blocks;
+mod groups;
 mod holders;
 pub mod keys;
 mod sharded;
@@ -26,6 +30,8 @@ mod sizes;
 pub use self::apply::Progress;
 pub use self::approx::ApproxIndex;
 use self::blocks::RankBlocks;
+use self::groups::Groups;
+pub use self::groups::MAX_GROUP;
 use self::holders::Holders;
 use self::sizes::BlockSizes;
 pub use self::sizes::MAX_SIZES;
@@ -49,10 +55,9 @@ pub struct Applied {
     /// `BlockRemoved` events naming a hash not held (the held ones still go).
     pub unknown_block: u64,
     /// `BlockStored` events with a wrong token count, or a block size other
-    /// than the rank's, or that cannot be keyed (token pairs).
+    /// than the rank's, or that cannot be keyed (token pairs, a malformed
+    /// `group_idx`).
     pub bad_event: u64,
-    /// Events of a KV cache group other than the first.
-    pub other_group: u64,
     /// Blocks indexed (unmatchable ones too) and removed (by events, not the cap).
     pub blocks_stored: u64,
     pub blocks_removed: u64,
@@ -65,6 +70,8 @@ pub struct PrefixIndex {
     /// later one must match until the rank's engine restarts or is gone.
     sizes: BlockSizes,
     holders: Holders,
+    /// The KV cache groups each rank published: its hit is their least.
+    groups: Groups,
     ranks: Vec<RankBlocks>,
     /// Blocks per rank, all media together: the rank's share of the
     /// memory budget (`config/budget.rs`).
@@ -77,6 +84,7 @@ impl PrefixIndex {
         PrefixIndex {
             sizes: BlockSizes::new(dp_size),
             holders: Holders::default(),
+            groups: Groups::new(dp_size),
             ranks: (0..dp_size).map(|_| RankBlocks::default()).collect(),
             cap,
             keys: Vec::new(),
@@ -130,6 +138,7 @@ impl PrefixIndex {
         }
         self.ranks.resize_with(dp_size as usize, RankBlocks::default);
         self.sizes.resize(dp_size);
+        self.groups.resize(dp_size);
     }
 
     /// Applies one batch of events to rank `rank` (in range), whole.
@@ -147,22 +156,26 @@ impl PrefixIndex {
         }
     }
 
-    /// Empties rank `rank`'s index and forgets its block size: its engine
-    /// restarted or is gone, and the next may use another.
+    /// Empties rank `rank`'s index and forgets its block size and KV cache
+    /// groups: its engine restarted or is gone, and the next may use others.
     pub fn forget(&mut self, rank: u32) {
         self.clear(rank);
-        self.sizes.forget(rank);
+        self.forget_block_size(rank);
     }
 
-    /// Forgets rank `rank`'s block size (once its index was emptied).
+    /// Forgets rank `rank`'s block size and KV cache groups (once its index
+    /// was emptied).
     pub fn forget_block_size(&mut self, rank: u32) {
         self.sizes.forget(rank);
+        self.groups.forget(rank);
     }
 
     /// For the chain `keys`, how many leading blocks each rank holds on
-    /// GPU: `out[r]`, for every rank (`out` is resized to the rank count).
+    /// GPU in every KV cache group it published (the least of the groups):
+    /// `out[r]`, for every rank (`out` is resized to the rank count).
     pub fn leading(&self, keys: &[u64], out: &mut Vec<u32>) {
         self.holders.leading(keys, self.ranks.len() as u32, out);
+        self.groups.narrow(&self.holders, keys, out);
     }
 }
 

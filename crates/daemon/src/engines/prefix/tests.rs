@@ -16,11 +16,12 @@ fn stored_on(hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: Medium
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     })
 }
 
 fn removed(hashes: &[u64]) -> KvEvent {
-    KvEvent::Removed { hashes: hashes.to_vec(), medium: Medium::Gpu }
+    KvEvent::Removed { hashes: hashes.to_vec(), medium: Medium::Gpu, group: 0 }
 }
 
 /// The keys of `tokens` in blocks of 2, no LoRA, no salt.
@@ -75,8 +76,8 @@ fn removals_clears_and_bad_events() {
     let other_size = KvEvent::Stored(Stored { block_size: 4, ..stored_event(&[32], &[1, 2, 3, 4]) });
     let b = ix.apply(1, &[other_size]);
     assert_eq!((a.bad_event, b.bad_event), (1, 1));
-    let a = ix.apply(0, &[KvEvent::Cleared, KvEvent::Unindexable("pairs"), KvEvent::OtherGroup]);
-    assert_eq!((a.cleared, a.bad_event, a.other_group), (1, 1, 1));
+    let a = ix.apply(0, &[KvEvent::Cleared, KvEvent::Unindexable("pairs")]);
+    assert_eq!((a.cleared, a.bad_event), (1, 1));
     assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![0, 1], 0));
     // Rank 1's blocks 20 and 22 remain; 22 no longer leads anywhere.
     assert_eq!(ix.distinct_keys(), 2);
@@ -209,4 +210,95 @@ fn an_unmatchable_event_applied_a_slice_at_a_time_cuts_at_the_same_block() {
         assert_eq!((at.applied.unmatchable, at.applied.blocks_stored), (1, 20), "budget {budget}");
         assert_eq!(leading(&ix, &tokens), vec![7], "budget {budget}");
     }
+}
+
+/// `stored`'s event in KV cache group `group`.
+fn in_group(group: u32, hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
+    let KvEvent::Stored(s) = stored(hashes, parent, tokens) else { unreachable!() };
+    KvEvent::Stored(Stored { group, ..s })
+}
+
+fn removed_in(group: u32, hashes: &[u64]) -> KvEvent {
+    KvEvent::Removed { hashes: hashes.to_vec(), medium: Medium::Gpu, group }
+}
+
+/// A hybrid model (vLLM publishes each block once per group, the same
+/// hashes): a rank's hit is the least of its groups' leading blocks.
+#[test]
+fn a_ranks_hit_is_the_least_over_the_kv_cache_groups_it_published() {
+    let mut ix = PrefixIndex::new(3, 1000);
+    let chain = [1, 2, 3, 4, 5, 6];
+    // Rank 0: groups 0 and 1, the second event continuing the first in each.
+    for g in [0, 1] {
+        let a = ix.apply(0, &[in_group(g, &[10, 11], None, &chain[..4]), in_group(g, &[12], Some(11), &chain[4..])]);
+        assert_eq!((a.stored, a.blocks_stored), (2, 3), "group {g}");
+    }
+    // Rank 1: group 0 only (a model with one group). Rank 2: nothing.
+    ix.apply(1, &[stored(&[20, 21, 22], None, &chain)]);
+    assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![3, 3, 0], 6));
+    // Group 1 (sliding window) drops a middle block: rank 0's hit stops there,
+    // group 0's copy of the same hash stays.
+    assert_eq!(ix.apply(0, &[removed_in(1, &[11])]).removed, 1);
+    assert_eq!((leading(&ix, &PROMPT), ix.blocks(0, Medium::Gpu)), (vec![1, 3, 0], 5));
+    // Group 0 drops block 12 too: the least is still group 1's.
+    ix.apply(0, &[removed(&[12])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![1, 3, 0]);
+    // Group 1 stores block 11 again, continuing its block 10: both hold 2.
+    ix.apply(0, &[in_group(1, &[11], Some(10), &chain[2..4])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 3, 0]);
+    // A removal names its group: group 2 never held 10, nothing goes.
+    let a = ix.apply(0, &[removed_in(2, &[10])]);
+    assert_eq!((a.unknown_block, leading(&ix, &PROMPT)), (1, vec![2, 3, 0]));
+    // Rank 2 publishes group 1 only: its hit is group 1's alone.
+    ix.apply(2, &[in_group(1, &[30], None, &chain[..2])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 3, 1]);
+}
+
+#[test]
+fn a_published_group_holding_nothing_stops_the_hit_until_the_engine_restarts() {
+    let mut ix = PrefixIndex::new(2, 1000);
+    ix.apply(0, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    ix.apply(1, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    // Rank 0's group 1 holds another prompt only: nothing of this one.
+    ix.apply(0, &[in_group(1, &[50], None, &[8, 8])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![0, 3]);
+    assert_eq!(leading(&ix, &[8, 8]), vec![0, 0], "group 0 does not hold [8, 8]");
+    // AllBlocksCleared empties every group; the rank still has two groups.
+    let a = ix.apply(0, &[KvEvent::Cleared, stored(&[10, 11], None, &[1, 2, 3, 4])]);
+    assert_eq!((a.cleared, ix.blocks(0, Medium::Gpu)), (1, 2));
+    assert_eq!(leading(&ix, &PROMPT), vec![0, 3]);
+    ix.apply(0, &[in_group(1, &[10, 11], None, &[1, 2, 3, 4])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![2, 3]);
+    // A restart forgets the groups with the blocks: the next engine has one.
+    ix.forget(0);
+    ix.apply(0, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![3, 3]);
+}
+
+#[test]
+fn a_group_beyond_the_index_is_held_unmatchable_and_the_rank_claims_nothing() {
+    let mut ix = PrefixIndex::new(2, 1000);
+    for rank in [0, 1] {
+        ix.apply(rank, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    }
+    ix.apply(0, &[in_group(MAX_GROUP, &[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    assert_eq!(leading(&ix, &PROMPT), vec![3, 3], "group 62 is indexed");
+    let a = ix.apply(1, &[in_group(MAX_GROUP + 1, &[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    assert_eq!((a.unmatchable, a.stored, a.blocks_stored, ix.blocks(1, Medium::Gpu)), (1, 0, 3, 6));
+    assert_eq!(leading(&ix, &PROMPT), vec![3, 0], "what group 63 holds is unknown");
+    // Its blocks are removed by their group like any other.
+    let a = ix.apply(1, &[removed_in(MAX_GROUP + 1, &[10, 11, 12])]);
+    assert_eq!((a.removed, ix.blocks(1, Medium::Gpu)), (1, 3));
+    assert_eq!(ix.distinct_keys(), 6, "group 0's keys and group 62's of rank 0");
+}
+
+#[test]
+fn groups_narrow_ranks_past_the_first_word_of_64() {
+    let mut ix = PrefixIndex::new(70, 1000);
+    for rank in [3, 66, 69] {
+        ix.apply(rank, &[stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]);
+    }
+    ix.apply(66, &[in_group(1, &[10], None, &[1, 2])]);
+    let out = leading(&ix, &PROMPT);
+    assert_eq!((out[3], out[66], out[69], out.iter().sum::<u32>()), (3, 1, 3, 7));
 }

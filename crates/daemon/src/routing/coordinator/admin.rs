@@ -77,7 +77,7 @@ impl DpOrigin {
 
 /// The first key of `server` that differs in a way only a restart can apply
 /// (anything but the allowlists and the peer caps, which only ZAP reads).
-fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
+fn restart_key(old: &Server, new: &Server) -> Option<String> {
     let same_binds = Server {
         route_allow: old.route_allow.clone(),
         health_allow: old.health_allow.clone(),
@@ -89,35 +89,35 @@ fn restart_key(old: &Server, new: &Server) -> Option<&'static str> {
         return None;
     }
     let named = [
-        ("server.route_bind", old.route_bind != new.route_bind),
-        ("server.health_bind", old.health_bind != new.health_bind),
-        ("server.stats_bind", old.stats_bind != new.stats_bind),
-        ("server.stats_connect", old.stats_connect != new.stats_connect),
-        ("engines.sglang_load_connect", old.sglang_load_connect != new.sglang_load_connect),
-        ("engines.vllm_metrics_url", old.vllm_metrics_url != new.vllm_metrics_url),
-        ("engines.vllm_metrics_interval_ms", old.vllm_metrics_interval != new.vllm_metrics_interval),
-        ("server.metrics_bind", old.metrics_bind != new.metrics_bind),
-        ("server.log_format", old.log_format != new.log_format),
-        ("server.ipc_mode", old.ipc_mode != new.ipc_mode),
-        ("server.http_max_connections", old.http.max_connections != new.http.max_connections),
-        ("server.http_header_timeout_ms", old.http.header_timeout != new.http.header_timeout),
-        ("server.http_idle_timeout_ms", old.http.idle_timeout != new.http.idle_timeout),
+        (&keys::ROUTE_BIND.key, old.route_bind != new.route_bind),
+        (&keys::HEALTH_BIND.key, old.health_bind != new.health_bind),
+        (&keys::STATS_BIND.key, old.stats_bind != new.stats_bind),
+        (&keys::STATS_CONNECT.key, old.stats_connect != new.stats_connect),
+        (&keys::SGLANG_LOAD_CONNECT.key, old.sglang_load_connect != new.sglang_load_connect),
+        (&keys::VLLM_METRICS_URL.key, old.vllm_metrics_url != new.vllm_metrics_url),
+        (&keys::VLLM_METRICS_INTERVAL_MS.key, old.vllm_metrics_interval != new.vllm_metrics_interval),
+        (&keys::METRICS_BIND.key, old.metrics_bind != new.metrics_bind),
+        (&keys::LOG_FORMAT.key, old.log_format != new.log_format),
+        (&keys::IPC_MODE.key, old.ipc_mode != new.ipc_mode),
+        (&keys::HTTP_MAX_CONNECTIONS.key, old.http.max_connections != new.http.max_connections),
+        (&keys::HTTP_HEADER_TIMEOUT_MS.key, old.http.header_timeout != new.http.header_timeout),
+        (&keys::HTTP_IDLE_TIMEOUT_MS.key, old.http.idle_timeout != new.http.idle_timeout),
         // With the `+rank` form, a new dp_size changes the expansion too.
-        ("kv_events.connect", old.kv_events != new.kv_events),
-        ("kv_events.topic", old.kv_topic != new.kv_topic),
+        (&keys::KV_CONNECT.key, old.kv_events != new.kv_events),
+        (&keys::KV_TOPIC.key, old.kv_topic != new.kv_topic),
     ];
-    Some(named.into_iter().find(|(_, changed)| *changed).map_or("server", |(key, _)| key))
+    Some(named.into_iter().find(|(_, changed)| *changed).map_or("server".into(), |(key, _)| key.path()))
 }
 
 /// The first size limit that libzmq enforces on dpcoord's sockets (each
 /// frame's `ZMQ_MAXMSGSIZE`, the high-water marks derived from it, set when
 /// a socket opens) that differs: a new value would hold for dpcoord's own
 /// checks but not for its sockets, so it waits for a restart.
-fn socket_limit_key(old: &SourceLimits, new: &SourceLimits) -> Option<&'static str> {
+fn socket_limit_key(old: &SourceLimits, new: &SourceLimits) -> Option<String> {
     if old.message != new.message {
-        Some("limits.max_message_bytes")
+        Some(keys::MAX_MESSAGE_BYTES.key.path())
     } else if old.kv_batch != new.kv_batch {
-        Some("kv_events.max_batch_bytes")
+        Some(keys::KV_MAX_BATCH_BYTES.key.path())
     } else {
         None
     }

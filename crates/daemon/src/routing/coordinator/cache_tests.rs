@@ -51,6 +51,7 @@ fn store_sized(c: &mut Coordinator, seq: u64, rank: u32, size: usize, blocks: us
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     let batch = Ok(KvBatch { rank: Some(rank), events: vec![ev] });
     c.on_event(
@@ -118,14 +119,21 @@ fn each_rank_is_matched_and_costed_in_its_own_block_size() {
 fn the_guard_drops_affinity_when_loads_spread_too_far() {
     let mut c = coordinator(2, 4.0, PrefixMode::Events);
     store(&mut c, 0, 1, 5);
-    // Rank 1 holds the whole prompt (0 to prefill); rank 0 gets a large
-    // pinned request: 40,000 tokens, beyond the guard's 32,768 and 2x.
+    let explained = json!({"v": 1, "op": "route", "tokens": PROMPT, "explain": true});
+    // Rank 1 holds the whole prompt (0 to prefill): the prefix decides.
+    let r = ask(&mut c, Channel::Route, explained.clone());
+    assert_eq!((&r["ranks"], r["explain"].get("guarded")), (&json!([1]), None), "{r}");
+    // Rank 0 gets a large pinned request: 40,000 tokens, beyond the
+    // guard's 32,768 and 2x. Load alone decides, and the reply says so.
     place(&mut c, json!({"v": 1, "op": "route", "rank": 0, "prompt_tokens": 40_000}));
-    assert_eq!(place(&mut c, with_prompt()), 1, "rank 1 is both cached and idle");
+    let r = ask(&mut c, Channel::Route, explained.clone());
+    assert_eq!((&r["ranks"], &r["explain"]["guarded"]), (&json!([1]), &json!(true)), "rank 1 is idle: {r}");
     // Now load rank 1 far beyond rank 0.
     place(&mut c, json!({"v": 1, "op": "route", "rank": 1, "prompt_tokens": 100_000}));
-    // Spread 60,020 > 32,768 and 100,040 > 2 x 40,000: token load alone decides.
-    assert_eq!(place(&mut c, with_prompt()), 0);
+    // Spread 60,040 > 32,768 and 100,040 > 2 x 40,000: rank 0, whatever it holds.
+    let r = ask(&mut c, Channel::Route, explained);
+    assert_eq!((&r["ranks"], &r["explain"]["guarded"]), (&json!([0]), &json!(true)), "{r}");
+    assert_eq!(r["explain"]["best"], json!(20), "{r}");
 }
 
 #[test]
@@ -229,7 +237,7 @@ fn a_degraded_rank_earns_no_prefix_credit_from_its_events() {
         store(&mut c, 0, 2, 4);
         let matched = |c: &mut Coordinator| ask(c, Channel::Health, json!({"v": 1, "op": "prefix", "tokens": PROMPT}));
         assert_eq!(matched(&mut c)["matched"], json!([0, 0, 4, 0]), "{mode:?}");
-        c.kv_new_session(0);
+        c.on_relinked(crate::wire::SourceKind::KvEvents { stream: 0, replay: false });
         assert_eq!(c.state_view(Instant::now()).ranks[2].kv_index, Some("degraded"));
         assert_eq!(matched(&mut c)["matched"], json!([0, 0, 0, 0]), "{mode:?}: degraded");
         // A policy pick: learned by the approximate index in auto mode only.
@@ -284,7 +292,7 @@ fn explain_names_the_index_each_prediction_came_from() {
         let pinned = json!({"v": 1, "op": "route", "tokens": PROMPT, "rank": 2, "explain": true});
         let r = ask(&mut c, Channel::Route, pinned.clone());
         assert_eq!(r["explain"], json!({"best": 16, "chosen": [{"rank": 2, "predicted": 16, "index": "events"}]}));
-        c.kv_new_session(0);
+        c.on_relinked(crate::wire::SourceKind::KvEvents { stream: 0, replay: false });
         let r = ask(&mut c, Channel::Route, pinned);
         assert_eq!(r["explain"], json!({"best": 0, "chosen": [{"rank": 2, "predicted": 0, "index": degraded}]}));
     }

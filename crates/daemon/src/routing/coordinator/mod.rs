@@ -31,7 +31,7 @@ use crate::observability::prefix_metrics::PrefixMetrics;
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
     self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError, SourceKind,
-    SourceLimits, Target, WireError,
+    SourceLimits, SourceRequest, Target, WireError,
 };
 
 pub struct Coordinator {
@@ -150,15 +150,19 @@ impl Coordinator {
         self
     }
 
-    /// Replays to ask the KV publishers for, `(stream, start_seq)`: the
-    /// transport sends each on the stream's replay socket.
-    pub fn take_replay_asks(&mut self, out: &mut Vec<(u16, u64)>) {
+    /// What to send the sources (replays to ask the KV publishers for):
+    /// the transport sends each to the socket of its kind.
+    pub fn take_source_requests(&mut self, out: &mut Vec<SourceRequest>) {
         self.kv.take_asks(out);
     }
 
-    /// KV publisher `stream`'s link was connected again (a new session).
-    pub fn kv_new_session(&mut self, stream: u16) {
-        self.kv.new_session(stream);
+    /// The link to a source of `kind` was connected again: a new session,
+    /// whose peer may be a new process (a KV publisher's history is then
+    /// checked again, `routing::kv`).
+    pub fn on_relinked(&mut self, kind: SourceKind) {
+        if let SourceKind::KvEvents { stream, replay: false } = kind {
+            self.kv.new_session(stream);
+        }
     }
 
     /// New settings, in force from the next query on: the rank count (every
@@ -355,17 +359,14 @@ impl Coordinator {
         let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
         let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
         let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
-        if !self.user.policy().uses_prefix() {
+        let Some(term) = self.user.prefix_term() else {
             return self.user.route(&req, &self.engines, None, now, out);
-        }
-        // Recent placements count for `cache_aware` only: `lmetric` is the
-        // field's scorer as published, the baseline to beat.
-        let siblings = self.user.policy() == super::PolicyKind::CacheAware;
+        };
         let mode = self.prefix.mode();
-        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, siblings);
+        let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, term.siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
         let source = |r| PrefixRouting::source(mode, &self.kv, r);
-        self.explained.record(&view, out, &self.engines, source, &self.predictions);
+        self.explained.record(&view, self.user.guarded(), out, &self.engines, source, &self.predictions);
         // What a policy pick will leave in the rank's cache (approximate mode).
         if req.target == Target::Policy && req.session.is_none() {
             let mut last = None;

@@ -21,6 +21,7 @@ use crate::engines::prefix::{PrefixIndex, Progress};
 use crate::engines::{EngineTable, Status};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ReplayResult, ResetCause};
 use crate::observability::ratelimit::LogLimiter;
+use crate::wire::SourceRequest;
 
 /// Live batches kept while a replay runs; past it the replay is given up.
 const MAX_BUFFERED: usize = 1000;
@@ -80,7 +81,7 @@ pub(super) struct KvStreams {
     index_bytes: u64,
     streams: Vec<Stream>,
     replay_timeout: Duration,
-    asks: Vec<(u16, u64)>,
+    asks: Vec<SourceRequest>,
     /// What every running replay's live batches hold together, in bytes.
     buffered_bytes: usize,
     /// Ranks a publisher has sent a batch for (their index is event-fed).
@@ -194,7 +195,7 @@ impl KvStreams {
     }
 
     /// Replays to ask for: `(stream, start_seq)`, moved into `out`.
-    pub fn take_asks(&mut self, out: &mut Vec<(u16, u64)>) {
+    pub fn take_asks(&mut self, out: &mut Vec<SourceRequest>) {
         out.append(&mut self.asks);
     }
 
@@ -262,7 +263,7 @@ impl KvStreams {
     }
 
     fn start_replay(&mut self, s: usize, from: u64, initial: bool, first: (u64, Payload), now: Instant) {
-        self.asks.push((s as u16, from));
+        self.asks.push(SourceRequest::kv_replay(s as u16, from));
         let bytes = held_bytes(&first.1);
         self.buffered_bytes += bytes;
         self.streams[s].replay = Some(Replay {

@@ -27,6 +27,7 @@ fn store(t: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }
@@ -58,10 +59,15 @@ fn counter(r: &Registry, name: &str, label: (&str, &str)) -> u64 {
     m.map_or(0, |m| m.get_counter().get_value() as u64)
 }
 
+/// The replays asked, as `(stream, from)`.
 fn asks(s: &mut KvStreams) -> Vec<(u16, u64)> {
     let mut out = Vec::new();
     s.take_asks(&mut out);
-    out
+    let replay = |r: crate::wire::SourceRequest| match r.to {
+        crate::wire::SourceKind::KvEvents { stream, replay: true } => (stream, u64::from_be_bytes(r.body)),
+        other => panic!("a request to {other:?}"),
+    };
+    out.into_iter().map(replay).collect()
 }
 
 #[test]
@@ -178,6 +184,7 @@ fn big(t: u32, blocks: u32) -> Payload {
         lora: None,
         salt: None,
         unmatchable: None,
+        group: 0,
     });
     Ok(KvBatch { rank: Some(0), events: vec![ev] })
 }

@@ -35,8 +35,8 @@ pub fn kv_pressure(kv_usage: Option<f64>) -> f64 {
 /// What a scorer counts as load.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Metric {
-    /// Weighted request counts.
-    Requests(LoadWeights),
+    /// Request counts, weighted by `routing.weights`.
+    Requests,
     /// Tokens: the engine's token load (or its requests at the rank's mean
     /// prompt length, when it reports none) plus pending prompt tokens.
     Tokens,
@@ -49,6 +49,8 @@ pub struct Scorer {
     pub metric: Metric,
     /// Whether the rank's penalty multiplies its cost.
     pub penalized: bool,
+    /// The weights of [`Metric::Requests`].
+    pub weights: LoadWeights,
 }
 
 impl Scorer {
@@ -65,7 +67,8 @@ impl Scorer {
                 engine + l.pending_tokens as f64
             }
             Metric::InFlight => e.counts.waiting as f64 + e.counts.running as f64 + l.pending as f64,
-            Metric::Requests(w) => {
+            Metric::Requests => {
+                let w = self.weights;
                 // At `kv == 1` each product is the unweighted one, bit for bit.
                 let kv = kv_pressure(e.kv_usage);
                 kv * w.waiting * e.counts.waiting as f64
@@ -115,7 +118,7 @@ mod tests {
     }
 
     fn requests(waiting: u64, running: u64, pending: u64, kv_usage: Option<f64>) -> f64 {
-        let scorer = Scorer { metric: Metric::Requests(W), penalized: true };
+        let scorer = Scorer { metric: Metric::Requests, penalized: true, weights: W };
         scorer.load(table(waiting, running, kv_usage).get(0), &ledger(pending), 0.0)
     }
 
@@ -138,7 +141,7 @@ mod tests {
     #[test]
     fn without_a_usage_the_load_is_the_weighted_sum_bit_for_bit() {
         let w = LoadWeights { waiting: 0.1, running: 0.7, pending: 0.3 };
-        let scorer = Scorer { metric: Metric::Requests(w), penalized: false };
+        let scorer = Scorer { metric: Metric::Requests, penalized: false, weights: w };
         let (waiting, running, pending) = (12_345_678_901, 98_765_432_109, 5);
         for kv in [None, Some(0.25), Some(0.5)] {
             let got = scorer.load(table(waiting, running, kv).get(0), &ledger(pending), 0.0);
@@ -149,7 +152,8 @@ mod tests {
 
     #[test]
     fn the_token_and_in_flight_metrics_ignore_the_usage() {
-        let cost = |metric, kv| Scorer { metric, penalized: true }.cost(table(2, 4, kv).get(0), &ledger(3), 10.0);
+        let cost =
+            |metric, kv| Scorer { metric, penalized: true, weights: W }.cost(table(2, 4, kv).get(0), &ledger(3), 10.0);
         assert_eq!([cost(Metric::Tokens, None), cost(Metric::Tokens, Some(1.0))], [64.0, 64.0]);
         assert_eq!([cost(Metric::InFlight, None), cost(Metric::InFlight, Some(1.0))], [10.0, 10.0]);
     }

@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::ledger::Ledger;
-use super::policy::{Candidates, Metric, Policy, PolicyKind};
+use super::policy::{Candidates, Metric, Policy, PolicyKind, PrefixTerm, RankTerms, Scorer};
 use super::prefix::PrefixView;
 use super::session::SessionTable;
 use super::window::DispatchWindow;
@@ -23,7 +23,9 @@ use crate::wire::RouteRequest;
 
 #[derive(Debug)]
 pub struct UserDispatcher {
-    policy: Policy,
+    policy: &'static Policy,
+    /// The policy's scorer with the configured weights.
+    scorer: Scorer,
     cursor: u32,
     seed: u64,
     rng: SmallRng,
@@ -41,6 +43,8 @@ pub struct UserDispatcher {
     cache: CacheAware,
     /// Per-request costs of a prefix-aware pick.
     request_costs: Vec<f64>,
+    /// Whether the balance guard held for a pick of the last route.
+    guarded: bool,
     /// The mean prompt length of recent placements (about the last
     /// [`PROMPT_WINDOW`]), 0 before the first: what a queued request is
     /// worth in tokens where the engine reports no token load.
@@ -54,7 +58,8 @@ impl UserDispatcher {
     pub fn new(s: &Settings, now: Instant) -> Self {
         let r = &s.routing;
         let mut d = UserDispatcher {
-            policy: r.policy.parts(r.weights),
+            policy: r.policy.policy(),
+            scorer: r.policy.policy().scorer(r.weights),
             cursor: 0,
             seed: r.seed,
             rng: SmallRng::seed_from_u64(r.seed),
@@ -69,6 +74,7 @@ impl UserDispatcher {
             window: DispatchWindow::new(0, r.imbalance_window, now),
             cache: r.cache,
             request_costs: Vec::new(),
+            guarded: false,
             prompt_mean: 0.0,
         };
         d.resize(s.engines.dp_size);
@@ -92,7 +98,8 @@ impl UserDispatcher {
     /// costs are recomputed on the next query.
     pub fn reload(&mut self, s: &Settings, now: Instant) {
         let r = &s.routing;
-        self.policy = r.policy.parts(r.weights);
+        self.policy = r.policy.policy();
+        self.scorer = self.policy.scorer(r.weights);
         self.sessions.reconfigure(&r.sessions);
         self.session_ratio = r.sessions.max_load_ratio;
         self.pending_ttl = r.pending_ttl;
@@ -112,6 +119,17 @@ impl UserDispatcher {
         self.policy.kind
     }
 
+    /// Whether the balance guard set the prefix aside for a pick of the
+    /// last route (its policy picks weighed load alone).
+    pub fn guarded(&self) -> bool {
+        self.guarded
+    }
+
+    /// The policy's per-request prefix term, if it weighs the prompt.
+    pub fn prefix_term(&self) -> Option<PrefixTerm> {
+        self.policy.prefix
+    }
+
     pub fn routed(&self, rank: u32) -> u64 {
         self.ledgers[rank as usize].routed
     }
@@ -122,7 +140,7 @@ impl UserDispatcher {
 
     /// The scorer's load estimate of `rank`.
     pub fn load(&self, rank: u32, engines: &EngineTable) -> f64 {
-        self.policy.scorer.load(engines.get(rank), &self.ledgers[rank as usize], self.prompt_mean)
+        self.scorer.load(engines.get(rank), &self.ledgers[rank as usize], self.prompt_mean)
     }
 
     #[cfg(test)]
@@ -132,7 +150,7 @@ impl UserDispatcher {
 
     fn refresh(&mut self, rank: u32, engines: &EngineTable) {
         let r = rank as usize;
-        self.costs[r] = self.policy.scorer.cost(engines.get(rank), &self.ledgers[r], self.prompt_mean);
+        self.costs[r] = self.scorer.cost(engines.get(rank), &self.ledgers[r], self.prompt_mean);
     }
 
     /// Recomputes every cost and the routable list.
@@ -159,6 +177,7 @@ impl UserDispatcher {
         out: &mut Vec<u32>,
     ) -> Result<(), Unroutable> {
         out.clear();
+        self.guarded = false;
         if self.synced_epoch != Some(engines.epoch()) {
             self.refresh_all(engines);
         }
@@ -191,36 +210,33 @@ impl UserDispatcher {
         Ok(())
     }
 
-    /// A prefix-aware pick. `cache_aware`: each routable rank's cost plus its
-    /// uncached prefill (weighted, penalized like the load), unless the
-    /// balance guard holds: then token load alone. `lmetric`: each rank's
-    /// cost (requests in flight + 1, penalized) times its uncached prefill + 1.
+    /// A prefix-aware pick: each rank's cost for this request from the
+    /// policy's prefix term, unless the term is guarded and the balance
+    /// guard holds (the routable ranks' loads spread too far): then the
+    /// policy's costs alone.
     fn pick_cached(&mut self, engines: &EngineTable, view: &PrefixView<'_>) -> u32 {
-        if self.policy.kind == PolicyKind::LMetric {
-            self.request_costs.clear();
-            for (rank, &cost) in self.costs.iter().enumerate() {
-                self.request_costs.push(cost * (view.uncached(rank as u32) as f64 + 1.0));
-            }
-            return self.pick_by(engines, true);
+        let Some(term) = self.policy.prefix else { return self.pick(engines) };
+        if term.guarded && self.unbalanced(engines) {
+            self.guarded = true;
+            return self.pick(engines);
         }
-        let mean = self.prompt_mean;
-        let loads =
-            self.routable.iter().map(|&r| self.policy.scorer.load(engines.get(r), &self.ledgers[r as usize], mean));
-        let (min, max) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| (lo.min(l), hi.max(l)));
-        let guarded = max - min > self.cache.balance_abs_tokens as f64 && max > self.cache.balance_rel * min;
         self.request_costs.clear();
         for (rank, &cost) in self.costs.iter().enumerate() {
-            let prefill = match cost.is_finite() && !guarded {
-                true => {
-                    self.cache.prefill_weight
-                        * view.uncached(rank as u32) as f64
-                        * (1.0 + engines.get(rank as u32).penalty)
-                }
-                false => 0.0,
-            };
-            self.request_costs.push(cost + prefill);
+            let r = rank as u32;
+            let terms = RankTerms { cost, uncached: view.uncached(r) as f64, penalty: engines.get(r).penalty };
+            self.request_costs.push((term.cost)(&terms, &self.cache));
         }
         self.pick_by(engines, true)
+    }
+
+    /// The balance guard: the routable ranks' loads spread by more than
+    /// `balance_abs_tokens` and the largest is more than `balance_rel`
+    /// times the smallest.
+    fn unbalanced(&self, engines: &EngineTable) -> bool {
+        let mean = self.prompt_mean;
+        let loads = self.routable.iter().map(|&r| self.scorer.load(engines.get(r), &self.ledgers[r as usize], mean));
+        let (min, max) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| (lo.min(l), hi.max(l)));
+        max - min > self.cache.balance_abs_tokens as f64 && max > self.cache.balance_rel * min
     }
 
     /// The one rank that takes all `n` (a pin, a room or a session), or
@@ -285,7 +301,7 @@ impl UserDispatcher {
         // A token cost weighs a queue without token counts by the mean, so
         // every move re-costs all ranks: a cost computed with an older mean
         // would make the pick depend on when each rank's stats last arrived.
-        if self.policy.scorer.metric == Metric::Tokens && self.prompt_mean != before {
+        if self.scorer.metric == Metric::Tokens && self.prompt_mean != before {
             self.refresh_all(engines);
         }
     }

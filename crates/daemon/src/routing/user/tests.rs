@@ -122,7 +122,7 @@ fn token_costs_follow_every_move_of_the_prompt_mean() {
     for tokens in [1000, 1060, 990, 1003, 1200] {
         route(&mut d, &t, &RouteRequest { prompt_tokens: Some(tokens), ..req(1, Target::Policy) });
         for r in 0..3u32 {
-            let exact = d.policy.scorer.cost(t.get(r), &d.ledgers[r as usize], d.prompt_mean);
+            let exact = d.scorer.cost(t.get(r), &d.ledgers[r as usize], d.prompt_mean);
             assert_eq!(d.costs[r as usize], exact, "rank {r} after a {tokens}-token prompt");
         }
     }

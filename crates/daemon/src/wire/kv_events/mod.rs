@@ -166,7 +166,11 @@ struct Fields<'a> {
     lookahead: bool,
     /// `token_ids` held token pairs (SGLang's EAGLE bigram pages).
     paired_tokens: bool,
-    group: Option<u64>,
+    /// `group_idx`, 0 when absent or nil; above `u32::MAX` it saturates (a
+    /// group the index cannot represent either way).
+    group: u32,
+    /// `group_idx` was neither nil nor a non-negative integer.
+    bad_group: bool,
 }
 
 /// Positional field names of the tagged-array form, after the tag.
@@ -208,8 +212,8 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
     }
     let medium = Medium::parse(f.medium).ok_or_else(|| BatchError::Medium(f.medium.unwrap_or("").to_owned()))?;
     let tag = f.tag.ok_or(BatchError::NoTag)?;
-    if f.group.is_some_and(|g| g > 0) && tag != "AllBlocksCleared" {
-        return Ok(KvEvent::OtherGroup);
+    if f.bad_group && tag != "AllBlocksCleared" {
+        return Ok(KvEvent::Unindexable(BAD_GROUP));
     }
     if f.paired_tokens && tag == "BlockStored" {
         return Ok(KvEvent::Unindexable("token pairs (EAGLE bigram pages) are not keyed"));
@@ -236,9 +240,10 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
                 lora: f.lora.map(str::to_owned),
                 salt: salt.map(str::to_owned),
                 unmatchable,
+                group: f.group,
             }))
         }
-        "BlockRemoved" => Ok(KvEvent::Removed { hashes: f.hashes.unwrap_or_default(), medium }),
+        "BlockRemoved" => Ok(KvEvent::Removed { hashes: f.hashes.unwrap_or_default(), medium, group: f.group }),
         "AllBlocksCleared" => Ok(KvEvent::Cleared),
         other => Err(BatchError::Tag(other.to_owned())),
     }
@@ -248,6 +253,8 @@ fn read_event<'a>(r: &mut Reader<'a>) -> Result<KvEvent, BatchError> {
 /// salt alone (docs/prefix-cache.md, "Unmatchable blocks").
 pub const LOOKAHEAD: &str = "the engine's hash covers lookahead tokens (speculative decoding)";
 pub const OPAQUE_EXTRA: &str = "the engine's hash covers multimodal inputs or prompt embeddings";
+/// Why an event is not applied: its `group_idx` is malformed.
+pub const BAD_GROUP: &str = "group_idx is not a non-negative integer";
 pub const UNKNOWN_EXTRA: &str = "the engine's hash covers an extra key other than the LoRA name and salt";
 
 /// The first block, if any, whose identity the event's tokens, LoRA name
@@ -355,9 +362,12 @@ fn read_field<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>, name: &str, v: Value<'
         "extra_keys" => read_extra(r, f, v)?,
         "lookahead_token_ids" => read_lookahead(r, f, v)?,
         "group_idx" => match v {
-            Value::Nil => f.group = None,
-            Value::Int(g) if g >= 0 => f.group = Some(g as u64),
-            other => return Err(field("group_idx", "a non-negative integer or nil", other)),
+            Value::Nil => f.group = 0,
+            Value::Int(g) if g >= 0 => f.group = u32::try_from(g).unwrap_or(u32::MAX),
+            other => {
+                r.skip_rest(other)?;
+                f.bad_group = true;
+            }
         },
         _ => r.skip_rest(v)?,
     }

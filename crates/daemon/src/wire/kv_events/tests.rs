@@ -46,6 +46,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], lora: Option<&str
         lora: lora.map(str::to_owned),
         salt: salt.map(str::to_owned),
         unmatchable: None,
+        group: 0,
     })
 }
 
@@ -70,7 +71,10 @@ fn vllm_array_batch_with_map_events_salt_from_the_first_blocks_extra_keys() {
     let mut first = stored(&[11, (-12i64) as u64], None, &[1, 2, 3, 4], Some("adapter"), Some("tenant-a"));
     let KvEvent::Stored(st) = &mut first else { unreachable!() };
     st.unmatchable = Some((0, OPAQUE_EXTRA)); // the image's identity is in the hash, not the tokens
-    assert_eq!(got.events, vec![first, KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu }, KvEvent::Cleared,]);
+    assert_eq!(
+        got.events,
+        vec![first, KvEvent::Removed { hashes: vec![11], medium: Medium::Gpu, group: 0 }, KvEvent::Cleared,]
+    );
 }
 
 #[test]
@@ -124,7 +128,7 @@ fn tagged_array_events_and_byte_hashes() {
     let h = 0x0102_0304_0506_0708u64;
     let KvEvent::Stored(st) = &got.events[0] else { panic!("{got:?}") };
     assert_eq!((st.hashes.as_slice(), st.medium, st.lora.as_deref()), (&[h][..], Medium::Disk, None));
-    assert_eq!(got.events[1], KvEvent::Removed { hashes: vec![h], medium: Medium::Disk });
+    assert_eq!(got.events[1], KvEvent::Removed { hashes: vec![h], medium: Medium::Disk, group: 0 });
     assert_eq!(got.events[2], KvEvent::Cleared);
 }
 
@@ -186,7 +190,7 @@ fn frames_live_replayed_and_the_end_marker() {
 }
 
 #[test]
-fn token_pairs_and_other_cache_groups_are_events_the_index_skips() {
+fn token_pairs_and_malformed_groups_are_events_the_index_skips_other_groups_are_kept() {
     // SGLang with EAGLE: token_ids are bigrams. vLLM's hybrid models: group_idx > 0.
     let pairs = map(vec![
         ("type", s("BlockStored")),
@@ -196,22 +200,42 @@ fn token_pairs_and_other_cache_groups_are_events_the_index_skips() {
         ("block_size", M::from(1)),
         ("lora_id", M::Nil),
     ]);
-    let group = map(vec![("type", s("BlockRemoved")), ("block_hashes", ints(&[1])), ("group_idx", M::from(1))]);
-    let first_group = map(vec![("type", s("BlockRemoved")), ("block_hashes", ints(&[1])), ("group_idx", M::from(0))]);
+    let removed = |group: M| map(vec![("type", s("BlockRemoved")), ("block_hashes", ints(&[1])), ("group_idx", group)]);
+    let mut stored = vllm_stored(&[1], None, &[5, 6], M::Nil);
+    if let M::Map(fields) = &mut stored {
+        fields.last_mut().unwrap().1 = M::from(7);
+    }
     let batch = M::Array(vec![
         M::F64(0.0),
-        M::Array(vec![pairs, group, first_group, map(vec![("type", s("AllBlocksCleared"))])]),
+        M::Array(vec![
+            pairs,
+            removed(M::from(1)),
+            removed(M::from(0)),
+            removed(M::Nil),
+            removed(M::from(1u64 << 40)),
+            removed(M::from(-1)),
+            removed(s("1")),
+            stored,
+            map(vec![("type", s("AllBlocksCleared"))]),
+        ]),
     ]);
     let got = decode_batch(&enc(&batch)).unwrap();
+    let gone = |group| KvEvent::Removed { hashes: vec![1], medium: Medium::Gpu, group };
+    let KvEvent::Stored(st) = &got.events[7] else { panic!("{:?}", got.events[7]) };
+    assert_eq!((st.group, &st.lora), (7, &Some("adapter".to_owned())));
     assert_eq!(
-        got.events,
-        vec![
+        got.events[..7],
+        [
             KvEvent::Unindexable("token pairs (EAGLE bigram pages) are not keyed"),
-            KvEvent::OtherGroup,
-            KvEvent::Removed { hashes: vec![1], medium: Medium::Gpu },
-            KvEvent::Cleared,
+            gone(1),
+            gone(0),
+            gone(0),
+            gone(u32::MAX),
+            KvEvent::Unindexable(BAD_GROUP),
+            KvEvent::Unindexable(BAD_GROUP),
         ]
     );
+    assert_eq!(got.events[8], KvEvent::Cleared);
 }
 
 /// The `unmatchable` of one vLLM event with these extra keys (and lookahead tokens).
