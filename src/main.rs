@@ -42,10 +42,10 @@ enum Cmd {
     #[cfg(feature = "sim")]
     /// Run 8 simulated engines, frontends and a health prober in three phases (a stale snapshot,
     /// vLLM's rule, then through dpcoord), showing dpcoord's live table.
-    Demo(dpcoord::sim::demo::DemoArgs),
+    Demo(dpcoord_sim::demo::DemoArgs),
     #[cfg(feature = "sim")]
     /// Run a simulation scenario; prints a report and writes it with an SVG chart.
-    Sim(dpcoord::sim::SimArgs),
+    Sim(dpcoord_sim::SimArgs),
 }
 
 /// Parses the command line: the command's own arguments and the config flags.
@@ -224,9 +224,9 @@ fn main() -> ExitCode {
     };
     match &cli.cmd {
         #[cfg(feature = "sim")]
-        Some(Cmd::Demo(args)) => dpcoord::sim::demo::main(args),
+        Some(Cmd::Demo(args)) => dpcoord_sim::demo::main(args),
         #[cfg(feature = "sim")]
-        Some(Cmd::Sim(args)) => dpcoord::sim::main(args),
+        Some(Cmd::Sim(args)) => dpcoord_sim::main(args),
         Some(Cmd::Probe(args)) => dpcoord::io::probe::main(args),
         Some(Cmd::CheckConfig { file }) => match config::read_file(file).and_then(Config::from_table) {
             Ok(cfg) => {

@@ -1,7 +1,7 @@
-//! The module layering, checked on the source: `config` is the ground (it
-//! names no other module of the crate), and the modules of `io` import each
-//! other without a circle. A change that breaks either fails here, naming
-//! the file and the import.
+//! The module layering, checked on the source: the daemon crate does not
+//! depend on the simulator, `config` is the ground (it names no other module
+//! of the crate), and the modules of `io` import each other without a circle.
+//! A change that breaks any fails here, naming the file and the import.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,8 +44,14 @@ fn paths_after<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The daemon crate (crates/daemon).
+fn daemon() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/daemon")
+}
+
+/// The daemon's sources.
 fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    daemon().join("src")
 }
 
 #[test]
@@ -79,8 +85,10 @@ fn the_io_modules_import_each_other_without_a_circle() {
         let Some(from) = io_module(file) else { continue };
         let text = code(file);
         let mut names = paths_after(&text, "crate::io::");
-        // `super::x` in a file of io/ names io's x; in io/m/*.rs it names m's own.
-        if file.parent() == Some(&src().join("io")) {
+        // `super::x` in a file of io/ or in io/m/mod.rs names io's x; in
+        // io/m/other.rs it names m's own.
+        let dir = if file.ends_with("mod.rs") { file.parent().and_then(Path::parent) } else { file.parent() };
+        if dir == Some(&src().join("io")) {
             names.extend(paths_after(&text, "super::"));
         }
         let to = edges.entry(from.clone()).or_default();
@@ -122,4 +130,23 @@ fn the_io_modules_import_each_other_without_a_circle() {
     }
     // The check sees the imports it should: the transport stands on the sockets.
     assert!(edges["transport"].iter().any(|t| t == "sockets"), "{edges:?}");
+}
+
+/// The simulator (crates/sim) uses the daemon, never the other way: the
+/// daemon's manifest does not list it and no source of the daemon names it.
+#[test]
+fn the_daemon_crate_does_not_depend_on_the_simulator() {
+    let manifest = std::fs::read_to_string(daemon().join("Cargo.toml")).unwrap();
+    let deps: Vec<&str> = manifest.lines().filter(|l| l.contains("dpcoord-sim") || l.contains("crates/sim")).collect();
+    assert!(deps.is_empty(), "crates/daemon/Cargo.toml names the simulator:\n{}", deps.join("\n"));
+    let mut named = Vec::new();
+    let files = sources(&src());
+    for file in &files {
+        let text = code(file);
+        let sim = ["dpcoord_sim", "crate::sim", "mod sim", "super::sim"].into_iter().filter(|n| text.contains(n));
+        named.extend(sim.map(|n| format!("{}: {n}", file.strip_prefix(src()).unwrap().display())));
+    }
+    assert!(named.is_empty(), "the daemon names the simulator:\n{}", named.join("\n"));
+    // The check reads the daemon's code: the coordinator is among the files.
+    assert!(files.iter().any(|f| f.ends_with("routing/coordinator/mod.rs")), "{files:?}");
 }

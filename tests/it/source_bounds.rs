@@ -3,7 +3,7 @@
 //! and a high-water mark derived from a byte budget. A frame a little over
 //! the source's limit is read and refused by dpcoord (the link kept); one
 //! above libzmq's limit closes the link, which libzmq 4.3 never reconnects,
-//! so dpcoord connects it again (`src/io/links.rs`). The engine side here
+//! so dpcoord connects it again (`crates/daemon/src/io/links.rs`). The engine side here
 //! binds a PUB (and a replay ROUTER) as the engines' publishers do.
 
 use std::sync::atomic::{AtomicBool, Ordering};

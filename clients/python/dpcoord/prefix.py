@@ -12,7 +12,7 @@ covering the whole prefix up to it::
 name's UTF-8 byte count as 8 (so names with NUL bytes stay apart: ``"a\\0"+""``
 and ``"a"+"\\0"`` differ); an absent LoRA name or salt is the empty string. A
 partial last block has no key. This is
-dpcoord's own function (``src/engines/prefix/keys.rs``), so a ``route`` or
+dpcoord's own function (``crates/daemon/src/engines/prefix/keys.rs``), so a ``route`` or
 ``prefix`` query may carry these keys instead of the token ids.
 """
 

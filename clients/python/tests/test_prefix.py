@@ -6,7 +6,7 @@ health socket's ``prefix`` op tells which ranks hold the leading blocks of a
 prompt given as ``tokens`` (dpcoord hashes) or as ``block_keys`` (Python
 hashed). Before any KV event dpcoord keys in blocks of 16, so other block
 sizes are checked against a plain re-implementation and against known answers
-printed by dpcoord's ``chain_keys`` (src/engines/prefix/keys.rs).
+printed by dpcoord's ``chain_keys`` (crates/daemon/src/engines/prefix/keys.rs).
 """
 
 from __future__ import annotations

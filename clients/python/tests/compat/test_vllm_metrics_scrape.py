@@ -86,7 +86,7 @@ def test_real_vllm_metrics_bring_ranks_up_and_steer_least_load(real, start_daemo
         server.shutdown()
 
 
-#: dpcoord's cap on a scraped body (src/wire/vllm_metrics.rs, MAX_BODY_BYTES).
+#: dpcoord's cap on a scraped body (crates/daemon/src/wire/vllm_metrics/mod.rs, MAX_BODY_BYTES).
 MAX_BODY_BYTES = 1 << 20
 #: What the cap must leave over the largest realistic body.
 HEADROOM = 2.0
