@@ -187,6 +187,11 @@ struct Row {
     off_thread: bool,
 }
 
+/// A connection to a stats or SGLang load source.
+const SOURCE_LINK: Queue = Queue { bytes: SOURCE_LINK_BYTES as usize, least: MIN_SOURCE_HWM, most: SOURCE_HWM };
+/// A KV publisher's SUB, or its replay DEALER.
+const KV_LINK: Queue = Queue { bytes: KV_LINK_BYTES as usize, least: MIN_KV_HWM, most: KV_HWM };
+
 /// The engine sources, in the order the transport serves them.
 const SOURCES: [Row; 6] = [
     Row {
@@ -206,7 +211,7 @@ const SOURCES: [Row; 6] = [
         endpoints: stats_connect,
         topic: everything,
         limit: max_message,
-        queue: Queue { bytes: SOURCE_LINK_BYTES as usize, least: MIN_SOURCE_HWM, most: SOURCE_HWM },
+        queue: SOURCE_LINK,
         off_thread: false,
     },
     Row {
@@ -216,7 +221,7 @@ const SOURCES: [Row; 6] = [
         endpoints: sglang_load,
         topic: everything,
         limit: max_message,
-        queue: Queue { bytes: SOURCE_LINK_BYTES as usize, least: MIN_SOURCE_HWM, most: SOURCE_HWM },
+        queue: SOURCE_LINK,
         off_thread: false,
     },
     Row {
@@ -237,7 +242,7 @@ const SOURCES: [Row; 6] = [
         endpoints: kv_events,
         topic: kv_topic,
         limit: kv_batch,
-        queue: Queue { bytes: KV_LINK_BYTES as usize, least: MIN_KV_HWM, most: KV_HWM },
+        queue: KV_LINK,
         off_thread: true,
     },
     Row {
@@ -247,7 +252,7 @@ const SOURCES: [Row; 6] = [
         endpoints: kv_replay,
         topic: everything,
         limit: kv_batch,
-        queue: Queue { bytes: KV_LINK_BYTES as usize, least: MIN_KV_HWM, most: KV_HWM },
+        queue: KV_LINK,
         off_thread: true,
     },
 ];
