@@ -12,7 +12,7 @@ use std::fmt::Write;
 use super::local::DaemonSettings;
 use super::model::Micros;
 use super::record::ArmResult;
-use super::scenario::{base, describe, nominal_us, policies, run_arm, Outcome};
+use super::scenario::{base, describe, nominal_us, policies, run_arm, Outcome, Stop};
 use super::world::{ArmSpec, BEAT};
 use super::{report, svg, DaemonMode, SimArgs, SimError};
 use dpcoord::config::keys;
@@ -137,24 +137,14 @@ fn hangs(a: &SimArgs, planned: Micros, results: &[ArmResult], text: &mut String)
         // Its progress last moved at its last step end, before it hung.
         let due = h.at + (stall + tick) * 1000 + BEAT;
         let detects = r.name == ARMS[0].0;
-        match h.down_at {
-            Some(_) if !detects => {
-                broken.push(format!("{} {}: rank {} shown stalled with detection off", r.policy, r.name, h.rank));
+        let label = format!("{} {}", r.policy, r.name);
+        if !detects {
+            if h.down_at.is_some() {
+                broken.push(format!("{label}: rank {} shown stalled with detection off", h.rank));
             }
-            None if !detects || a.daemon == DaemonMode::Threaded => {}
-            None if h.ended < due => {
-                let _ =
-                    writeln!(text, "(the run ended {:.2} s after rank {} hung)", (h.ended - h.at) as f64 / 1e6, h.rank);
-            }
-            None => broken.push(format!("{} {}: dpcoord never showed rank {} stalled", r.policy, r.name, h.rank)),
-            Some(t) if t > due => broken.push(format!(
-                "{} {}: dpcoord showed rank {} stalled only {:.2} s after it hung",
-                r.policy,
-                r.name,
-                h.rank,
-                (t - h.at) as f64 / 1e6
-            )),
-            Some(_) => {}
+        } else {
+            let stop = Stop { label: &label, rank: h.rank, at: h.at, ended: h.ended, event: "hung", shown: "stalled" };
+            broken.extend(stop.judge(h.down_at, due, a.daemon == DaemonMode::Threaded, text));
         }
     }
     for b in &broken {

@@ -211,28 +211,46 @@ fn deaths(a: &SimArgs, results: &[ArmResult], text: &mut String) -> Option<Strin
         }
         // Its last stats came at most one heartbeat before it died.
         let due = d.at + (keys::DOWN_AFTER_MS.default + keys::TICK_MS.default) * 1000 + world::BEAT;
-        match d.down_at {
-            None if a.daemon == DaemonMode::Threaded => {}
-            None if d.ended < due => {
-                let _ =
-                    writeln!(text, "(the run ended {:.2} s after rank {} died)", (d.ended - d.at) as f64 / 1e6, d.rank);
-            }
-            None => broken.push(format!("{}: dpcoord never showed rank {} down", r.policy, d.rank)),
-            Some(t) if t > due => {
-                broken.push(format!(
-                    "{}: dpcoord showed rank {} down only {:.2} s after it died",
-                    r.policy,
-                    d.rank,
-                    (t - d.at) as f64 / 1e6
-                ));
-            }
-            Some(_) => {}
-        }
+        let stop = Stop { label: &r.policy, rank: d.rank, at: d.at, ended: d.ended, event: "died", shown: "down" };
+        broken.extend(stop.judge(d.down_at, due, a.daemon == DaemonMode::Threaded, text));
     }
     for b in &broken {
         let _ = writeln!(text, "{b}");
     }
     (!broken.is_empty()).then(|| broken.join("; "))
+}
+
+/// A rank that stopped (`event`, at `at` µs into the run, which ended at
+/// `ended`) and what dpcoord had to show of it (`shown`: down, stalled).
+pub(super) struct Stop<'a> {
+    pub label: &'a str,
+    pub rank: u32,
+    pub at: Micros,
+    pub ended: Micros,
+    pub event: &'a str,
+    pub shown: &'a str,
+}
+
+impl Stop<'_> {
+    /// The breach, if dpcoord showed the stop (`shown_at`) after `due` or
+    /// never; a run that ended before `due` says so in `text` instead. A
+    /// threaded daemon is not timed (its clock is the wall's).
+    pub fn judge(&self, shown_at: Option<Micros>, due: Micros, threaded: bool, text: &mut String) -> Option<String> {
+        let Stop { label, rank, at, ended, event, shown } = *self;
+        match shown_at {
+            None if threaded => None,
+            None if ended < due => {
+                let _ = writeln!(text, "(the run ended {:.2} s after rank {rank} {event})", (ended - at) as f64 / 1e6);
+                None
+            }
+            None => Some(format!("{label}: dpcoord never showed rank {rank} {shown}")),
+            Some(t) if t > due => Some(format!(
+                "{label}: dpcoord showed rank {rank} {shown} only {:.2} s after it {event}",
+                (t - at) as f64 / 1e6
+            )),
+            Some(_) => None,
+        }
+    }
 }
 
 fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
