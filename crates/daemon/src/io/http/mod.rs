@@ -22,13 +22,14 @@ use tokio::task::JoinHandle;
 mod conns;
 pub use conns::Limits;
 
+use crate::config::keys;
 use crate::engines::Status;
 use crate::routing::Published;
 use crate::wire::StateView;
 
 /// The listener could not be opened.
 #[derive(Debug, thiserror::Error)]
-#[error("server.metrics_bind: cannot listen on {addr}: {source}")]
+#[error("{}: cannot listen on {addr}: {source}", keys::METRICS_BIND.key.path())]
 pub struct BindError {
     pub addr: SocketAddr,
     #[source]
