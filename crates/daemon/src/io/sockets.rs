@@ -308,6 +308,8 @@ fn kv_batch(cfg: &Config) -> usize {
     cfg.settings.kv.max_batch_bytes
 }
 
+/// The scraper's fixed message size: the source takes no configured limit,
+/// so none is passed.
 fn scraped_gauges(cfg: &Config) -> usize {
     SourceKind::VllmMetrics { interval: cfg.server.vllm_metrics_interval }.max_bytes(&SourceLimits::NONE)
 }
