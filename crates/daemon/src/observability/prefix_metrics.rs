@@ -91,12 +91,12 @@ impl PrefixMetrics {
         }
     }
 
-    /// One placement on `rank`, predicted to find `predicted` prompt tokens
-    /// cached there and `best` on the best rank.
-    pub fn placed(&self, rank: u32, predicted: u64, best: u64) {
+    /// `count` placements on `rank`, each predicted to find `predicted`
+    /// prompt tokens cached there and `best` on the best rank.
+    pub fn placed(&self, rank: u32, count: u64, predicted: u64, best: u64) {
         if let Some(m) = self.ranks.get(rank as usize) {
-            add(&m.chosen, predicted);
-            add(&m.best, best);
+            add(&m.chosen, predicted.saturating_mul(count));
+            add(&m.best, best.saturating_mul(count));
         }
     }
 

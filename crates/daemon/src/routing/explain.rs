@@ -3,6 +3,7 @@
 //! prediction metrics for every placement, and kept for the reply of a
 //! route that asked for it.
 
+use super::placement::Placement;
 use super::prefix::PrefixView;
 use crate::engines::EngineTable;
 use crate::observability::prefix_metrics::PrefixMetrics;
@@ -33,20 +34,20 @@ impl Explained {
         &mut self,
         view: &PrefixView<'_>,
         guarded: bool,
-        placed: &[u32],
+        placed: &[Placement],
         engines: &EngineTable,
         source: impl Fn(u32) -> PrefixSource,
         metrics: &PrefixMetrics,
     ) {
         let routable = (0..engines.dp_size()).filter(|&r| engines.is_routable(r));
-        let best = routable.chain(placed.iter().copied()).map(|r| view.cached(r)).max().unwrap_or(0);
+        let best = routable.chain(placed.iter().map(|p| p.rank)).map(|r| view.cached(r)).max().unwrap_or(0);
         self.clear();
         self.made = true;
         self.best = best;
         self.guarded = guarded;
-        for &rank in placed {
+        for &Placement { rank, count, .. } in placed {
             let predicted = view.cached(rank);
-            metrics.placed(rank, predicted, best);
+            metrics.placed(rank, count, predicted, best);
             if !self.chosen.iter().any(|c| c.rank == rank) {
                 self.chosen.push(Chosen { rank, predicted, index: source(rank) });
             }

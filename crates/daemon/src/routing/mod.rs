@@ -10,6 +10,7 @@ mod explain;
 mod export;
 mod kv;
 mod ledger;
+mod placement;
 mod policy;
 mod prefix;
 mod published;
@@ -18,5 +19,6 @@ mod user;
 mod window;
 
 pub use coordinator::{Answered, Coordinator};
+pub use placement::Placement;
 pub use policy::PolicyKind;
 pub use published::Published;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::explain::Explained;
 use super::kv::KvStreams;
+use super::placement::{self, Placement};
 use super::prefix::PrefixRouting;
 use super::published::Published;
 use super::user::UserDispatcher;
@@ -59,8 +60,9 @@ pub struct Coordinator {
     predictions: PrefixMetrics,
     /// Rate limit of the dropped-update warning, per `StatsResult`.
     drops: LogLimiter<{ StatsResult::ALL.len() }>,
-    /// Reused buffer for the ranks of one route answer.
-    placed: Vec<u32>,
+    /// Reused buffers for the placements of one route and their ranks.
+    placed: Vec<Placement>,
+    ranks: Vec<u32>,
     /// The token ids of the query being answered (decoded once, reused).
     tokens: Vec<u32>,
     /// The engine table as of the last tick, for readers on other threads.
@@ -85,6 +87,13 @@ fn limits(s: &Settings, max_dp_size: u32) -> QueryLimits {
 
 fn source_limits(s: &Settings) -> SourceLimits {
     SourceLimits { message: s.limits.max_message_bytes, kv_batch: s.kv.max_batch_bytes }
+}
+
+/// Counts booked user placements in `dpcoord_routed_total{class="user"}`.
+fn count_routed(metrics: &Metrics, placed: &[Placement]) {
+    for p in placed {
+        metrics.ranks[p.rank as usize].routed_user.inc_by(p.count);
+    }
 }
 
 /// The `result` label of a report the engine table refused.
@@ -121,6 +130,7 @@ impl Coordinator {
             metrics,
             drops: LogLimiter::default(),
             placed: Vec::with_capacity(settings.limits.max_batch as usize),
+            ranks: Vec::with_capacity(settings.limits.max_batch as usize),
             tokens: Vec::new(),
             published: Arc::new(Published::default()),
             instance: wire::Instance::random(),
@@ -179,6 +189,7 @@ impl Coordinator {
         self.memory.budget(&settings.memory);
         self.prefix.reload(&settings);
         self.placed = Vec::with_capacity(settings.limits.max_batch as usize);
+        self.ranks = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
         self.next_tick = self.next_tick.min(now + self.tick_every);
     }
@@ -351,29 +362,36 @@ impl Coordinator {
         wire::encode_error(out, id, Some(self.engines.epoch()), e);
     }
 
-    /// Places one decoded route request: its ranks land in `out`. On error
-    /// nothing changed. A placement weighed against the prompt's cached
-    /// prefix is explained ([`Explained`]).
-    pub fn place(&mut self, req: &RouteRequest<'_>, now: Instant, out: &mut Vec<u32>) -> Result<(), Unroutable> {
+    /// Places one decoded route request: its placements, booked, land in
+    /// `out`, in order. On error nothing changed. A placement weighed
+    /// against the prompt's cached prefix is explained ([`Explained`]).
+    pub fn place(&mut self, req: &RouteRequest<'_>, now: Instant, out: &mut Vec<Placement>) -> Result<(), Unroutable> {
         self.explained.clear();
-        let Some(prompt) = req.prompt else { return self.user.route(req, &self.engines, None, now, out) };
+        let Some(prompt) = req.prompt else {
+            self.user.route(req, &self.engines, None, now, out)?;
+            count_routed(&self.metrics, out);
+            return Ok(());
+        };
         let length = PrefixRouting::prompt_tokens(&prompt, &self.kv);
         let req = RouteRequest { prompt_tokens: req.prompt_tokens.or(Some(length)), ..req.clone() };
         let Some(term) = self.user.prefix_term() else {
-            return self.user.route(&req, &self.engines, None, now, out);
+            self.user.route(&req, &self.engines, None, now, out)?;
+            count_routed(&self.metrics, out);
+            return Ok(());
         };
         let mode = self.prefix.mode();
         let view = self.prefix.lookup(&prompt, req.prompt_tokens.unwrap_or(length), &self.kv, term.siblings);
         self.user.route(&req, &self.engines, Some(&view), now, out)?;
+        count_routed(&self.metrics, out);
         let source = |r| PrefixRouting::source(mode, &self.kv, r);
         self.explained.record(&view, self.user.guarded(), out, &self.engines, source, &self.predictions);
         // What a policy pick will leave in the rank's cache (approximate mode).
         if req.target == Target::Policy && req.session.is_none() {
             let mut last = None;
-            for &rank in out.iter() {
-                if last != Some(rank) {
-                    self.memory.approx_evicted(self.prefix.learn(rank, &self.kv, now));
-                    last = Some(rank);
+            for p in out.iter() {
+                if last != Some(p.rank) {
+                    self.memory.approx_evicted(self.prefix.learn(p.rank, &self.kv, now));
+                    last = Some(p.rank);
                 }
             }
         }
@@ -395,11 +413,9 @@ impl Coordinator {
                 let mut placed = std::mem::take(&mut self.placed);
                 let result = self.place(&req, now, &mut placed);
                 if result.is_ok() {
-                    for &r in &placed {
-                        self.metrics.ranks[r as usize].routed_user.inc();
-                    }
+                    placement::ranks_of(&placed, &mut self.ranks);
                     let explain = if req.explain { self.explained.reply() } else { None };
-                    wire::encode_ranks(out, id, &placed, epoch, explain);
+                    wire::encode_ranks(out, id, &self.ranks, epoch, explain);
                 }
                 self.placed = placed;
                 result?;

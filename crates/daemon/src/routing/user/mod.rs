@@ -12,6 +12,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::ledger::Ledger;
+use super::placement::Placement;
 use super::policy::{Candidates, Metric, Policy, PolicyKind, PrefixTerm, RankTerms, Scorer};
 use super::prefix::PrefixView;
 use super::session::SessionTable;
@@ -165,16 +166,18 @@ impl UserDispatcher {
         self.synced_epoch = Some(engines.epoch());
     }
 
-    /// Places a request's `n` copies into `out`; on error nothing changed.
-    /// `prefix` (under `cache_aware`, for a request with a prompt) adds
-    /// each rank's uncached prefill to the policy's picks.
+    /// Places a request's `n` copies: each placement is booked
+    /// ([`UserDispatcher::book`]) before the next pick and written to
+    /// `out`, in order. On error nothing changed and `out` is empty.
+    /// `prefix` (a prefix-aware policy, a request with a prompt) adds each
+    /// rank's uncached prefill to the policy's picks.
     pub fn route(
         &mut self,
         req: &RouteRequest<'_>,
         engines: &EngineTable,
         prefix: Option<&PrefixView<'_>>,
         now: Instant,
-        out: &mut Vec<u32>,
+        out: &mut Vec<Placement>,
     ) -> Result<(), Unroutable> {
         out.clear();
         self.guarded = false;
@@ -191,10 +194,12 @@ impl UserDispatcher {
         if req.prompt_tokens.is_some() {
             self.observe_prompt(req.n.into(), tokens, engines);
         }
+        let placement = |rank, count| Placement { rank, count, tokens_each: tokens, at: now };
         match whole {
             Some(rank) => {
-                out.resize(req.n as usize, rank);
-                self.place(rank, req.n.into(), tokens, engines, now);
+                let p = placement(rank, req.n.into());
+                self.book(&p, engines);
+                out.push(p);
             }
             None => {
                 for _ in 0..req.n {
@@ -202,8 +207,9 @@ impl UserDispatcher {
                         Some(view) => self.pick_cached(engines, view),
                         None => self.pick(engines),
                     };
-                    self.place(rank, 1, tokens, engines, now);
-                    out.push(rank);
+                    let p = placement(rank, 1);
+                    self.book(&p, engines);
+                    out.push(p);
                 }
             }
         }
@@ -287,10 +293,14 @@ impl UserDispatcher {
         rank
     }
 
-    fn place(&mut self, rank: u32, count: u64, tokens_each: u64, engines: &EngineTable, now: Instant) {
-        self.ledgers[rank as usize].place(count, tokens_each, now);
-        self.window.record(rank as usize, count, now);
-        self.refresh(rank, engines);
+    /// Books a placement: the rank's ledger (`routed`, `pending`), the
+    /// dispatch window and the rank's cost. A placement on a rank beyond
+    /// the rank count (made before a shrink) is ignored.
+    pub fn book(&mut self, p: &Placement, engines: &EngineTable) {
+        let Some(ledger) = self.ledgers.get_mut(p.rank as usize) else { return };
+        ledger.place(p.count, p.tokens_each, p.at);
+        self.window.record(p.rank as usize, p.count, p.at);
+        self.refresh(p.rank, engines);
     }
 
     /// Folds a request's `count` prompts of `tokens` each into the mean prompt length.

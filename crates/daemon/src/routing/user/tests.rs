@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::engines::testing::{settings, table_with_up};
 use crate::engines::{LoadReport, Target};
+use crate::routing::placement::ranks_of;
 
 fn req(n: u32, target: Target) -> RouteRequest<'static> {
     RouteRequest { n, prompt_tokens: None, target, session: None, prompt: None, explain: false }
@@ -17,9 +18,10 @@ fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {
 }
 
 fn route(d: &mut UserDispatcher, t: &EngineTable, r: &RouteRequest<'_>) -> Vec<u32> {
-    let mut out = Vec::new();
-    d.route(r, t, None, Instant::now(), &mut out).unwrap();
-    out
+    let (mut placed, mut ranks) = (Vec::new(), Vec::new());
+    d.route(r, t, None, Instant::now(), &mut placed).unwrap();
+    ranks_of(&placed, &mut ranks);
+    ranks
 }
 
 /// Applies an update to the table and tells the dispatcher.
@@ -190,7 +192,36 @@ fn pending_expires_after_ttl_on_tick() {
     assert_eq!((d.pending(0), d.routed(0)), (0, 3));
     // With rank 0's pending expired, both are idle again; the cursor starts at 0.
     d.route(&req(1, Target::Policy), &t, None, t0, &mut out).unwrap();
-    assert_eq!(out, [0]);
+    assert_eq!(out, [Placement { rank: 0, count: 1, tokens_each: 1, at: t0 }]);
+}
+
+#[test]
+fn a_placement_books_the_same_wherever_it_was_decided() {
+    // A batch pinned whole is one placement of n; a policy batch one per pick.
+    let t = table_with_up(3, &[0, 1, 2]);
+    let mut here = dispatcher(3, PolicyKind::LeastTokens);
+    let t0 = Instant::now();
+    let mut placed = Vec::new();
+    let pinned = RouteRequest { prompt_tokens: Some(100), ..req(4, Target::Pinned(2)) };
+    here.route(&pinned, &t, None, t0, &mut placed).unwrap();
+    assert_eq!(placed, [Placement { rank: 2, count: 4, tokens_each: 100, at: t0 }]);
+    let mut all = placed.clone();
+    here.route(&RouteRequest { prompt_tokens: Some(30), ..req(2, Target::Policy) }, &t, None, t0, &mut placed).unwrap();
+    assert_eq!(placed.iter().map(|p| (p.rank, p.count, p.tokens_each)).collect::<Vec<_>>(), [(0, 1, 30), (1, 1, 30)]);
+    all.extend_from_slice(&placed);
+    // Another dispatcher that only books those placements holds the same books.
+    let mut there = dispatcher(3, PolicyKind::LeastTokens);
+    for p in &all {
+        there.book(p, &t);
+    }
+    for r in 0..3 {
+        assert_eq!((there.routed(r), there.pending(r)), (here.routed(r), here.pending(r)), "rank {r}");
+        assert_eq!(there.load(r, &t), here.load(r, &t), "rank {r}");
+    }
+    assert_eq!((here.pending(2), here.load(2, &t)), (4, 400.0));
+    // A placement on a rank a shrink removed is ignored.
+    there.book(&Placement { rank: 7, ..all[0] }, &t);
+    assert_eq!((0..3).map(|r| there.routed(r)).sum::<u64>(), 6);
 }
 
 #[test]
