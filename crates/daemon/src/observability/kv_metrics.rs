@@ -192,6 +192,12 @@ impl KvMetrics {
         }
     }
 
+    /// The ranks that have series.
+    #[cfg(test)]
+    pub fn ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
     /// Adds or removes per-rank series to match `dp_size`.
     pub fn resize(&mut self, dp_size: u32) {
         while self.ranks.len() > dp_size as usize {

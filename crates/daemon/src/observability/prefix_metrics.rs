@@ -67,6 +67,12 @@ impl PrefixMetrics {
         m
     }
 
+    /// The ranks that have series.
+    #[cfg(test)]
+    pub fn ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
     /// Adds or removes per-rank series to match `dp_size`.
     pub fn resize(&mut self, dp_size: u32) {
         while self.ranks.len() > dp_size as usize {

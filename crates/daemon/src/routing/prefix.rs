@@ -96,6 +96,12 @@ impl PrefixRouting {
         self.recent.resize(dp_size);
     }
 
+    /// The ranks each index keeps: the approximate one, the recent placements.
+    #[cfg(test)]
+    pub fn ranks(&self) -> [usize; 2] {
+        [self.approx.ranks(), self.recent.ranks()]
+    }
+
     /// Whether no recent placement is kept.
     #[cfg(test)]
     pub fn recent_is_empty(&self) -> bool {

@@ -39,6 +39,12 @@ impl DispatchWindow {
         self.length
     }
 
+    /// The ranks it counts.
+    #[cfg(test)]
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
     /// Keeps the counts of ranks below `ranks`; new ranks start at 0.
     pub fn resize(&mut self, ranks: usize) {
         let mut rows = vec![0; BUCKETS * ranks];

@@ -54,6 +54,12 @@ impl ApproxIndex {
         self.holders.len() == 0
     }
 
+    /// The ranks it keeps keys for.
+    #[cfg(test)]
+    pub fn ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
     /// Keys rank `rank` is taken to hold.
     pub fn len(&self, rank: u32) -> usize {
         self.ranks.get(rank as usize).map_or(0, |r| r.seen.len())

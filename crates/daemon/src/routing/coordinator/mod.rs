@@ -199,6 +199,7 @@ impl Coordinator {
     /// no placement from here on (a pin to one is `invalid_rank`), their
     /// sessions move, their metric series go, their reports are refused as
     /// `unknown_rank`. The epoch moves exactly once when the count changes.
+    /// A new per-rank part is resized here and listed in `per_rank_parts`.
     pub fn resize(&mut self, dp_size: u32) {
         if dp_size == self.engines.dp_size() {
             return;
@@ -212,6 +213,28 @@ impl Coordinator {
         self.prefix.resize(dp_size);
         self.predictions.resize(dp_size);
         self.limits.dp_size = dp_size;
+    }
+
+    /// Every per-rank part's rank count, by name (each must be the table's).
+    #[cfg(test)]
+    fn per_rank_parts(&self) -> Vec<(&'static str, usize)> {
+        let [ledgers, costs, window] = self.user.ranks();
+        let [kv, index, kv_series] = self.kv.ranks();
+        let [approx, recent] = self.prefix.ranks();
+        vec![
+            ("engines", self.engines.dp_size() as usize),
+            ("ledgers", ledgers),
+            ("costs", costs),
+            ("window", window),
+            ("series", self.metrics.ranks.len()),
+            ("kv", kv),
+            ("index", index),
+            ("kv series", kv_series),
+            ("approx", approx),
+            ("recent", recent),
+            ("prediction series", self.predictions.ranks()),
+            ("query limits", self.limits.dp_size as usize),
+        ]
     }
 
     /// One message from an engine source: every frame, or `None` when it

@@ -97,6 +97,27 @@ fn reload_resizes_every_per_rank_structure_before_the_next_query() {
     assert_eq!(route(&mut c, t0), json!(0));
 }
 
+#[test]
+fn every_per_rank_part_follows_each_resize_and_reload() {
+    let mut c = coordinator(3, PolicyKind::CacheAware);
+    let t0 = Instant::now();
+    let agree = |c: &Coordinator, dp: usize| {
+        for (part, ranks) in c.per_rank_parts() {
+            assert_eq!(ranks, dp, "{part} after the rank count became {dp}");
+        }
+    };
+    agree(&c, 3);
+    for dp in [7, 2, 5] {
+        c.resize(dp);
+        agree(&c, dp as usize);
+    }
+    c.reload(settings(4), t0);
+    agree(&c, 4);
+    let resize = json!({"v": 1, "op": "resize", "dp_size": 6});
+    assert_eq!(ask(&mut c, Channel::Health, resize, t0)["dp_size"], 6);
+    agree(&c, 6);
+}
+
 /// A `reload` op is answered after the read: `Answered::AfterReload`
 /// with its id, then `reloaded` with what was read and `reload_reply`.
 fn reload(c: &mut Coordinator, id: Option<Value>, text: &str, now: Instant) -> Value {

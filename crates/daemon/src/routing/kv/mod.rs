@@ -84,15 +84,22 @@ pub(super) struct KvStreams {
     asks: Vec<SourceRequest>,
     /// What every running replay's live batches hold together, in bytes.
     buffered_bytes: usize,
-    /// Ranks a publisher has sent a batch for (their index is event-fed).
-    with_events: Vec<bool>,
-    /// Ranks whose index may hold blocks the engine dropped: a replay or a
-    /// reset of theirs is under way ([`KvStreams::degraded`]).
-    degraded: Vec<bool>,
+    /// What the streams know of each rank, one record per rank.
+    ranks: Vec<KvRank>,
     /// Changes of the index not yet (wholly) applied, oldest first.
     ops: VecDeque<Op>,
     metrics: KvMetrics,
     log: LogLimiter<1>,
+}
+
+/// One rank as the KV streams know it.
+#[derive(Debug, Clone, Copy, Default)]
+struct KvRank {
+    /// A publisher has sent a batch for the rank: its index is event-fed.
+    events: bool,
+    /// The rank's index may hold blocks the engine dropped: a replay or a
+    /// reset of its is under way ([`KvStreams::degraded`]).
+    degraded: bool,
 }
 
 impl KvStreams {
@@ -105,8 +112,7 @@ impl KvStreams {
             replay_timeout: kv.replay_timeout,
             asks: Vec::new(),
             buffered_bytes: 0,
-            with_events: vec![false; dp_size as usize],
-            degraded: vec![false; dp_size as usize],
+            ranks: vec![KvRank::default(); dp_size as usize],
             ops: VecDeque::new(),
             metrics,
             log: LogLimiter::default(),
@@ -142,19 +148,19 @@ impl KvStreams {
     /// never on a guess; exact means every block it holds was stored by
     /// the engine and not removed since, as an unbroken run of events says.
     pub fn degraded(&self, rank: u32) -> bool {
-        self.degraded.get(rank as usize).copied().unwrap_or(false)
+        self.ranks.get(rank as usize).is_some_and(|r| r.degraded)
     }
 
     fn refresh_trust(&mut self) {
-        self.degraded.iter_mut().for_each(|d| *d = false);
+        self.ranks.iter_mut().for_each(|r| r.degraded = false);
         let replaying = self.streams.iter().filter(|st| st.replay.is_some()).filter_map(|st| st.hint.or(st.rank));
         let resetting = self.ops.iter().filter_map(|op| match op {
             Op::Reset { rank, .. } => Some(*rank),
             Op::Apply { .. } => None,
         });
         for rank in replaying.chain(resetting) {
-            if let Some(d) = self.degraded.get_mut(rank as usize) {
-                *d = true;
+            if let Some(r) = self.ranks.get_mut(rank as usize) {
+                r.degraded = true;
             }
         }
     }
@@ -180,15 +186,20 @@ impl KvStreams {
 
     /// Whether a publisher has sent a batch for `rank`.
     pub fn has_events(&self, rank: u32) -> bool {
-        self.with_events.get(rank as usize).copied().unwrap_or(false)
+        self.ranks.get(rank as usize).is_some_and(|r| r.events)
+    }
+
+    /// The ranks of each per-rank part: the records, the index, the series.
+    #[cfg(test)]
+    pub fn ranks(&self) -> [usize; 3] {
+        [self.ranks.len(), self.index.dp_size() as usize, self.metrics.ranks()]
     }
 
     /// Grows or shrinks to `dp_size` ranks; what is queued is applied
     /// first (a resize is an operator's rare act).
     pub fn resize(&mut self, dp_size: u32) {
         self.finish();
-        self.with_events.resize(dp_size as usize, false);
-        self.degraded.resize(dp_size as usize, false);
+        self.ranks.resize(dp_size as usize, KvRank::default());
         self.index.resize(dp_size);
         self.index.set_cap(budget::events_per_rank(self.index_bytes, dp_size));
         self.metrics.resize(dp_size);
@@ -357,7 +368,7 @@ impl KvStreams {
             return self.drop_batch(BatchResult::UnknownRank, &why, now);
         }
         self.streams[s].rank = Some(rank);
-        self.with_events[rank as usize] = true;
+        self.ranks[rank as usize].events = true;
         self.ops.push_back(Op::Apply { rank, events: batch.events, at: Progress::default() });
     }
 
@@ -428,7 +439,7 @@ impl KvStreams {
     pub fn reset(&mut self, rank: Option<u32>, cause: ResetCause) {
         let Some(rank) = rank.filter(|&r| r < self.index.dp_size()) else { return };
         self.ops.push_back(Op::Reset { rank, cause, at: Progress::default() });
-        self.degraded[rank as usize] = true;
+        self.ranks[rank as usize].degraded = true;
     }
 
     /// Whether a reset of `rank` is queued.

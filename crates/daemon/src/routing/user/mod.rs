@@ -94,6 +94,12 @@ impl UserDispatcher {
         self.synced_epoch = None;
     }
 
+    /// The ranks of each per-rank part: ledgers, costs, the dispatch window.
+    #[cfg(test)]
+    pub fn ranks(&self) -> [usize; 3] {
+        [self.ledgers.len(), self.costs.len(), self.window.ranks()]
+    }
+
     /// Takes new routing settings: policy, weights, sessions, pending TTL,
     /// imbalance window and seed. Ledgers, sessions and the cursor carry over;
     /// costs are recomputed on the next query.
