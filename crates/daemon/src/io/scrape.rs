@@ -11,9 +11,9 @@
 //! A body is capped at `VLLM_MAX_BODY_BYTES`, and at most one report waits
 //! per URL on the way to the transport (a scrape that finds the pipe full
 //! is dropped: the next one is newer). The threads run at a lower CPU
-//! priority than the routing thread (`io::niceness`). Scrapes that bring no
-//! body or a body that does not read are counted in `dpcoord_scrapes_total`
-//! here; the coordinator counts those that reach it.
+//! priority than the routing thread (`io::niceness`). Every scrape is
+//! counted in `dpcoord_scrapes_total` here: `ok` once its report is handed
+//! to the transport, or the reason it brought none.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
@@ -121,7 +121,10 @@ impl Target {
         let seq = self.sent + 1;
         let frames = [&self.rank.to_be_bytes()[..], &seq.to_be_bytes()[..], &gauges.to_frame()[..]];
         match self.push.send_multipart(frames, zmq::DONTWAIT) {
-            Ok(()) => self.sent = seq,
+            Ok(()) => {
+                self.sent = seq;
+                self.scrapes.count(ScrapeResult::Ok);
+            }
             Err(e) => self.warn(CAUSES - 1, "dropped", &format!("the transport is not reading: {e}")),
         }
     }

@@ -27,7 +27,7 @@ use crate::engines::{EngineEvent, EngineTable, Reject, Unroutable};
 use crate::health::{HealthDispatcher, Served};
 use crate::observability::kv_metrics::{BatchResult, KvMetrics, ResetCause};
 use crate::observability::memory_metrics::MemoryMetrics;
-use crate::observability::metrics::{Metrics, ScrapeResult, StatsResult};
+use crate::observability::metrics::{Metrics, StatsResult};
 use crate::observability::prefix_metrics::PrefixMetrics;
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
@@ -261,10 +261,6 @@ impl Coordinator {
     /// One source message decoded elsewhere. What a KV batch changes in the
     /// prefix index is queued: [`Coordinator::apply_kv`] applies it.
     pub fn on_decoded(&mut self, kind: SourceKind, decoded: Result<EngineEvent, wire::SourceError>, now: Instant) {
-        if let SourceKind::VllmMetrics { .. } = kind {
-            // The scraper counts the scrapes that brought no gauges.
-            self.metrics.scrapes.count(if decoded.is_ok() { ScrapeResult::Ok } else { ScrapeResult::Malformed });
-        }
         match (decoded, kind) {
             (Ok(event), _) => self.accept(event, now),
             (Err(e), SourceKind::KvEvents { .. }) => self.kv.drop_batch(BatchResult::Malformed, &e.to_string(), now),
