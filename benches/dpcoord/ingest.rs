@@ -18,7 +18,7 @@ const DP: u32 = 8;
 const OK_SERIES: &str = "dpcoord_stats_messages_total{result=\"ok\"}";
 /// dpcoord's own count of updates it never saw (gaps in a rank's seq).
 const MISSED_SERIES: &str = "dpcoord_stats_missed_total";
-/// The target, also the rate offered alongside routing load.
+/// The ingest target, also the rate offered alongside routing load.
 const TARGET: f64 = 200_000.0;
 /// REQ clients of the concurrent routing load.
 const ROUTE_CLIENTS: usize = 2;

@@ -60,7 +60,7 @@ impl Table {
     }
 }
 
-/// A target from issue 5 or 26 and what this run measured against it.
+/// A performance target and what this run measured against it.
 struct Target {
     what: String,
     goal: String,
@@ -87,7 +87,7 @@ impl Report {
         if self.targets.is_empty() {
             return;
         }
-        let mut t = Table::new("targets (issues 5 and 26)", &["target", "goal", "measured", "verdict"]).text_columns(4);
+        let mut t = Table::new("targets", &["target", "goal", "measured", "verdict"]).text_columns(4);
         for g in &self.targets {
             let verdict = match (self.mode, g.met) {
                 (Mode::Smoke, _) => "not judged (smoke run)",

@@ -1,10 +1,15 @@
 //! The approximate prefix index: what dpcoord's own placements left in each
 //! rank's cache, for engines that publish no KV events (docs/PROTOCOL.md
 //! §7). A placement records its prompt's keys on the rank; an entry lives
-//! `ttl` after its last placement. The index holds at most `bytes` (its
-//! share of the memory budget), split evenly by the ranks: past its share a
-//! rank's oldest keys go, and are counted.
+//! `ttl` after its last placement, to within [`RENEW_GRAIN`] of the TTL:
+//! a key placed again sooner than that after its last renewal keeps its
+//! time, so a hot prefix costs one hash probe per block, not a renewal
+//! (the queue of renewals would otherwise grow by a whole prompt per
+//! route). The index holds at most `bytes` (its share of the memory
+//! budget), split evenly by the ranks: past its share a rank's oldest keys
+//! go, and are counted.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -12,6 +17,9 @@ use foldhash::fast::RandomState;
 
 use super::holders::Holders;
 use crate::config::budget;
+
+/// A key is renewed at most once per this fraction of the TTL.
+pub const RENEW_GRAIN: u32 = 64;
 
 #[derive(Default)]
 struct Rank {
@@ -86,9 +94,19 @@ impl ApproxIndex {
     pub fn record(&mut self, rank: u32, keys: &[u64], now: Instant) -> usize {
         let Some(r) = self.ranks.get_mut(rank as usize) else { return 0 };
         let mut evicted = 0;
+        let grain = self.ttl / RENEW_GRAIN;
         for &key in keys {
-            if r.seen.insert(key, now).is_none() {
-                self.holders.set(key, rank);
+            match r.seen.entry(key) {
+                Entry::Occupied(mut e) => {
+                    if now.saturating_duration_since(*e.get()) < grain {
+                        continue;
+                    }
+                    e.insert(now);
+                }
+                Entry::Vacant(e) => {
+                    e.insert(now);
+                    self.holders.set(key, rank);
+                }
             }
             r.order.push_back((now, key));
         }
@@ -157,13 +175,30 @@ mod tests {
     }
 
     #[test]
+    fn a_key_is_renewed_at_most_once_per_grain_of_the_ttl() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(64);
+        let grain = ttl / RENEW_GRAIN;
+        let mut ix = ApproxIndex::new(1, ttl, 100 * budget::APPROX_KEY_BYTES);
+        ix.record(0, &[1, 2], t0);
+        // 1 again within the grain keeps its time; 2 just past it is renewed.
+        ix.record(0, &[1], t0 + grain - Duration::from_millis(1));
+        ix.record(0, &[2], t0 + grain);
+        ix.expire(t0 + ttl);
+        assert_eq!(leading(&ix, &[1]), vec![0], "1 expired a grain early, at most");
+        assert_eq!(leading(&ix, &[2]), vec![1]);
+        ix.expire(t0 + grain + ttl);
+        assert_eq!(ix.len(0), 0);
+    }
+
+    #[test]
     fn the_share_drops_the_oldest_and_resize_forgets_removed_ranks() {
         let t0 = Instant::now();
         let mut ix = ApproxIndex::new(3, Duration::from_secs(60), 3 * 3 * budget::APPROX_KEY_BYTES);
         assert_eq!(ix.cap(), 3);
         assert_eq!(ix.record(2, &[1, 2, 3], t0), 0);
-        assert_eq!(ix.record(2, &[1], t0 + Duration::from_millis(1)), 0);
-        assert_eq!(ix.record(2, &[9], t0 + Duration::from_millis(2)), 1, "2 went");
+        assert_eq!(ix.record(2, &[1], t0 + Duration::from_secs(1)), 0);
+        assert_eq!(ix.record(2, &[9], t0 + Duration::from_secs(2)), 1, "2 went");
         assert_eq!(ix.len(2), 3);
         assert_eq!(leading(&ix, &[1])[2], 1, "1 was renewed");
         assert_eq!(leading(&ix, &[2])[2], 0, "2 was the oldest");
