@@ -94,12 +94,15 @@ impl ApproxIndex {
     pub fn record(&mut self, rank: u32, keys: &[u64], now: Instant) -> usize {
         let Some(r) = self.ranks.get_mut(rank as usize) else { return 0 };
         let mut evicted = 0;
-        let grain = self.ttl / RENEW_GRAIN;
+        // Renewed at or before this, a key is renewed again (compared as
+        // instants: a subtraction per key costs more than the probe).
+        let due = now.checked_sub(self.ttl / RENEW_GRAIN);
         for &key in keys {
             match r.seen.entry(key) {
                 Entry::Occupied(mut e) => {
-                    if now.saturating_duration_since(*e.get()) < grain {
-                        continue;
+                    match due {
+                        Some(due) if *e.get() <= due => {}
+                        _ => continue,
                     }
                     e.insert(now);
                 }
@@ -128,9 +131,11 @@ impl ApproxIndex {
 
     /// Forgets entries not placed again within the TTL.
     pub fn expire(&mut self, now: Instant) {
+        // Younger than the TTL while after this (before the clock's start: all).
+        let Some(cutoff) = now.checked_sub(self.ttl) else { return };
         for (rank, r) in self.ranks.iter_mut().enumerate() {
             while let Some(&(t, key)) = r.order.front() {
-                if now.saturating_duration_since(t) < self.ttl {
+                if t > cutoff {
                     break;
                 }
                 r.order.pop_front();
