@@ -17,6 +17,7 @@ mod peers;
 pub mod probe;
 mod queries;
 pub mod reload;
+pub mod resolve;
 pub mod scrape;
 pub mod signals;
 pub mod sockets;
