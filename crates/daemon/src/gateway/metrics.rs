@@ -50,7 +50,10 @@ pub struct GatewayMetrics {
 }
 
 impl GatewayMetrics {
-    pub fn new(registry: &Registry) -> Self {
+    /// Registered whether or not the picker is on, so every series exists
+    /// from the start: the outcomes, and each rank of `dp_size`'s errors
+    /// (a rank added by a resize gets its series at its first error).
+    pub fn new(registry: &Registry, dp_size: u32) -> Self {
         let requests = built(IntCounterVec::new(
             Opts::new("dpcoord_gateway_requests_total", "Requests the gateway endpoint picker answered, by outcome"),
             &["outcome"],
@@ -64,6 +67,11 @@ impl GatewayMetrics {
         ));
         for o in Outcome::ALL {
             requests.with_label_values(&[o.as_str()]);
+        }
+        for rank in 0..dp_size {
+            for kind in ["status_5xx", "reset"] {
+                rank_errors.with_label_values(&[&rank.to_string(), kind]);
+            }
         }
         GatewayMetrics { requests: register(registry, requests), rank_errors: register(registry, rank_errors) }
     }

@@ -64,9 +64,8 @@ pub fn spawn(
     listener: TcpListener,
     bridge: Bridge,
     published: Arc<Published>,
-    registry: &prometheus::Registry,
+    metrics: metrics::GatewayMetrics,
 ) -> Server {
-    let metrics = metrics::GatewayMetrics::new(registry);
     let picker = service::Picker { bridge, published: Arc::clone(&published), metrics };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
