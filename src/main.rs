@@ -185,7 +185,13 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     let picker = match (epp, daemon.bridge.clone()) {
         (Some(l), Some(bridge)) => {
             tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            Some(dpcoord::gateway::spawn(rt.handle(), l, bridge, daemon.published.clone(), daemon.gateway_metrics.clone()))
+            Some(dpcoord::gateway::spawn(
+                rt.handle(),
+                l,
+                bridge,
+                daemon.published.clone(),
+                daemon.gateway_metrics.clone(),
+            ))
         }
         _ => None,
     };

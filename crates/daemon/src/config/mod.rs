@@ -23,7 +23,9 @@ pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
 pub use parse::check_endpoint;
-use parse::{parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section};
+use parse::{
+    parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section,
+};
 
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

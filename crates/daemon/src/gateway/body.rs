@@ -132,7 +132,8 @@ mod tests {
         let r = parse(br#"{"model":"m","prompt":["ab","cd"],"user":"u1"}"#).unwrap();
         assert_eq!(r.prompt, PromptText::Completion("ab\ncd".into()));
         assert_eq!(r.user.as_deref(), Some("u1"));
-        let r = parse(br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#).unwrap();
+        let r =
+            parse(br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#).unwrap();
         assert_eq!(r.prompt, PromptText::Chat(vec![ChatMessage { role: "user".into(), content: "hi".into() }]));
         assert_eq!(r.prompt.estimated_tokens(), 2);
     }

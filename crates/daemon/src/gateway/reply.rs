@@ -111,7 +111,8 @@ pub fn immediate(code: u16, why: &str) -> ep::ProcessingResponse {
 pub fn response_facts(headers: Option<&HeaderMap>, served: &str) -> (Option<u16>, Option<String>) {
     let (mut status, mut endpoint) = (None, None);
     for h in headers.map(|m| m.headers.as_slice()).unwrap_or_default() {
-        let value = if h.raw_value.is_empty() { h.value.clone() } else { String::from_utf8_lossy(&h.raw_value).into_owned() };
+        let value =
+            if h.raw_value.is_empty() { h.value.clone() } else { String::from_utf8_lossy(&h.raw_value).into_owned() };
         if h.key == ":status" {
             status = value.trim().parse().ok();
         } else if h.key.eq_ignore_ascii_case(served) {

@@ -97,7 +97,9 @@ impl Picker {
         match req {
             In::RequestHeaders(h) => {
                 if h.end_of_stream {
-                    return self.reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest).await;
+                    return self
+                        .reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest)
+                        .await;
                 }
                 if s.buffered {
                     send(out, reply::headers_ok()).await;
@@ -124,7 +126,11 @@ impl Picker {
                     let mut ranks = gateway.ranks_of(&ep, dp);
                     let first = ranks.next();
                     // One endpoint for every rank (the rank header): the pick stands.
-                    if gateway.rank_header.is_some() { s.placed } else { first }
+                    if gateway.rank_header.is_some() {
+                        s.placed
+                    } else {
+                        first
+                    }
                 });
                 if let (Some(code), Some(rank)) = (status, s.served.or(s.placed)) {
                     if code >= 500 {
@@ -175,7 +181,9 @@ impl Picker {
             ..Query::default()
         };
         let Some(r) = self.bridge.ask(q).await else {
-            return self.reject(s, out, "dpcoord's coordinator is not answering".into(), 500, Outcome::RejectedError).await;
+            return self
+                .reject(s, out, "dpcoord's coordinator is not answering".into(), 500, Outcome::RejectedError)
+                .await;
         };
         let rank = match (r.ok, r.ranks.first(), r.error) {
             (true, Some(&rank), _) => rank,
@@ -217,7 +225,8 @@ impl Picker {
     }
 
     async fn finish(&self, rank: u32, placed: u32) {
-        let q = Query { op: "finished", rank: Some(rank), placed: (placed != rank).then_some(placed), ..Query::default() };
+        let q =
+            Query { op: "finished", rank: Some(rank), placed: (placed != rank).then_some(placed), ..Query::default() };
         if self.bridge.ask(q).await.is_none_or(|r| !r.ok) {
             tracing::debug!(rank, "a finished request was not booked");
         }

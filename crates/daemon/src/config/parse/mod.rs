@@ -5,8 +5,8 @@ use std::time::Duration;
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::Allowlist;
 use super::{
-    err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty, PolicyKind,
-    Gateway, PrefixMode, Routing, Server, Sessions,
+    err, CacheAware, ConfigError, Engines, Gateway, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty,
+    PolicyKind, PrefixMode, Routing, Server, Sessions,
 };
 
 mod kv;
@@ -186,7 +186,10 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
     let epp_bind = match s.string(&keys::EPP_BIND)? {
         b if b.is_empty() => None,
         b => Some(b.parse().map_err(|_| {
-            err(keys::EPP_BIND.key.path(), format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"))
+            err(
+                keys::EPP_BIND.key.path(),
+                format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"),
+            )
         })?),
     };
     s.finish()?;
@@ -358,7 +361,10 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
             return Err(err(&path, format!("{n} endpoints with gateway.rank_header: one endpoint serves every rank")))
         }
         (false, n) if n > 0 && n != dp_size as usize => {
-            return Err(err(&path, format!("{n} endpoints for engines.dp_size = {dp_size}: one per rank, in rank order")))
+            return Err(err(
+                &path,
+                format!("{n} endpoints for engines.dp_size = {dp_size}: one per rank, in rank order"),
+            ))
         }
         _ => {}
     }
