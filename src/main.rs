@@ -168,6 +168,13 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let listener =
         http::bind(cfg.server.metrics_bind).map_err(|e| bind_failed(&e, ipc::listen_is_config_error(&e.source)))?;
+    let epp = match cfg.server.epp_bind {
+        Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| {
+            let why = format!("cannot listen on {addr} ({}): {e}", dpcoord::config::keys::EPP_BIND.key.path());
+            bind_failed(why, ipc::listen_is_config_error(&e))
+        })?),
+        None => None,
+    };
     let daemon = Daemon::start(&cfg, source).map_err(|e| {
         let config =
             matches!(&e, TransportError::Endpoint { what: "bind", source, .. } if ipc::bind_is_config_error(source));
@@ -175,9 +182,25 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     })?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
+    let picker = match (epp, daemon.bridge.clone()) {
+        (Some(l), Some(bridge)) => {
+            tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
+            Some(dpcoord::gateway::spawn(
+                rt.handle(),
+                l,
+                bridge,
+                daemon.published.clone(),
+                daemon.gateway_metrics.clone(),
+            ))
+        }
+        _ => None,
+    };
     match rt.block_on(wait_for_stop(&daemon)) {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
+    }
+    if let Some(p) = picker {
+        rt.block_on(p.stop());
     }
     // Both wind down at once, so shutdown takes the longer of the two, not the sum.
     let (web, coordinator) =

@@ -115,6 +115,7 @@ fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
         session: None,
         prompt: None,
         explain: false,
+        among: None,
     };
     let mut out = Vec::with_capacity(1);
     budget.median_ns(

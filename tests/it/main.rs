@@ -19,6 +19,7 @@ mod demo;
 mod docs_match;
 mod explain;
 mod frame_bound;
+mod gateway;
 mod health_flood;
 mod health_penalty;
 mod heavy_input;

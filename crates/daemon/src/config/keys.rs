@@ -118,9 +118,10 @@ const ROUTING: &str = "routing";
 const PENALTY: &str = "penalty";
 const LIMITS: &str = "limits";
 const KV_EVENTS: &str = "kv_events";
+const GATEWAY: &str = "gateway";
 
 /// The sections of a config file, in file order.
-pub const SECTIONS: [&str; 6] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS, KV_EVENTS];
+pub const SECTIONS: [&str; 7] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS, KV_EVENTS, GATEWAY];
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 86_400_000;
@@ -168,6 +169,8 @@ pub const LOG_FORMAT: StrKey =
 pub const ROUTE_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "route_allow") };
 pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow") };
 pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
+/// The gateway endpoint picker's gRPC listener (Envoy ext_proc); "" = off.
+pub const EPP_BIND: StrKey = StrKey { key: Key::new(SERVER, "epp_bind"), default: "" };
 /// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
 pub const IPC_MODE: StrKey = StrKey { key: Key::new(SERVER, "ipc_mode"), default: "" };
 /// Concurrent HTTP connections; at most a quarter of the file descriptors
@@ -326,8 +329,18 @@ pub const KV_MAX_BATCH_BYTES: IntKey =
 pub const KV_REPLAY_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(KV_EVENTS, "replay_timeout_ms"), default: 2000, min: 1, max: 600_000 };
 
+/// Each rank's `host:port` as the gateway reaches it (the i-th is rank i),
+/// or one endpoint for every rank with `rank_header`.
+pub const GATEWAY_ENDPOINTS: ListKey = ListKey { key: Key::new(GATEWAY, "endpoints") };
+/// The header that carries the rank to an engine balancing its own ranks
+/// behind one endpoint; "" = none (one endpoint per rank).
+pub const GATEWAY_RANK_HEADER: StrKey = StrKey { key: Key::new(GATEWAY, "rank_header"), default: "" };
+/// The largest request body the picker reads.
+pub const GATEWAY_MAX_BODY_BYTES: IntKey =
+    IntKey { key: Key::new(GATEWAY, "max_body_bytes"), default: 4 << 20, min: 1024, max: 64 << 20 };
+
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 60] = [
+pub const ALL: [AnyKey; 64] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
@@ -388,4 +401,8 @@ pub const ALL: [AnyKey; 60] = [
     AnyKey::Str(&KV_TOPIC),
     AnyKey::Int(&KV_MAX_BATCH_BYTES),
     AnyKey::Int(&KV_REPLAY_TIMEOUT_MS),
+    AnyKey::Str(&EPP_BIND),
+    AnyKey::List(&GATEWAY_ENDPOINTS),
+    AnyKey::Str(&GATEWAY_RANK_HEADER),
+    AnyKey::Int(&GATEWAY_MAX_BODY_BYTES),
 ];

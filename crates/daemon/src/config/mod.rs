@@ -23,7 +23,9 @@ pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
 pub use parse::check_endpoint;
-use parse::{parse_engines, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section};
+use parse::{
+    parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section,
+};
 
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,6 +92,35 @@ pub struct Server {
     pub kv_events: Vec<KvEndpoint>,
     /// Their subscription prefix (`kv_events.topic`).
     pub kv_topic: String,
+    /// The gateway endpoint picker's gRPC listener (`server.epp_bind`); `None`: off.
+    pub epp_bind: Option<SocketAddr>,
+}
+
+/// How the gateway endpoint picker names ranks to the gateway (`[gateway]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Gateway {
+    /// `host:port` of each rank (the i-th is rank i), or the one endpoint
+    /// of every rank when `rank_header` is set.
+    pub endpoints: Vec<String>,
+    /// The header that carries the rank number; `None`: one endpoint per rank.
+    pub rank_header: Option<String>,
+    pub max_body_bytes: usize,
+}
+
+impl Gateway {
+    /// The endpoint the gateway sends `rank`'s requests to; `None` for a
+    /// rank without one (not eligible through the gateway).
+    pub fn endpoint(&self, rank: u32) -> Option<&str> {
+        match self.rank_header {
+            Some(_) => self.endpoints.first().map(String::as_str),
+            None => self.endpoints.get(rank as usize).map(String::as_str),
+        }
+    }
+
+    /// The ranks of `dp_size` that an endpoint serves.
+    pub fn ranks_of<'a>(&'a self, endpoint: &'a str, dp_size: u32) -> impl Iterator<Item = u32> + 'a {
+        (0..dp_size).filter(move |&r| self.endpoint(r) == Some(endpoint))
+    }
 }
 
 /// The HTTP server's connections: how many at once (before the file
@@ -252,6 +283,8 @@ pub struct Settings {
     pub kv: KvSettings,
     /// The memory budget's parts (`budget.rs`).
     pub memory: Budget,
+    /// The gateway endpoint picker's ranks and endpoints.
+    pub gateway: Gateway,
 }
 
 /// The whole configuration: what binds sockets (`server`, fixed for the
@@ -309,6 +342,7 @@ impl Config {
         }
         let limits = parse_limits(section(&root, "limits")?)?;
         keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
+        let engines_dp = engines.dp_size;
         let mut settings = Settings {
             engines,
             routing: parse_routing(section(&root, "routing")?)?,
@@ -316,6 +350,7 @@ impl Config {
             limits,
             kv,
             memory: Budget::default(),
+            gateway: parse_gateway(section(&root, "gateway")?, engines_dp, server.epp_bind.is_some())?,
         };
         settings.memory = Budget::of(settings.limits.memory_budget, &server, &settings)
             .map_err(|p| err(keys::MEMORY_BUDGET_BYTES.key.path(), p))?;

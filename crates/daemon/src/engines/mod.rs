@@ -10,7 +10,7 @@ pub mod routable;
 mod table;
 
 pub use event::{Counts, EngineEvent, LoadReport, Sequence, TokenLoad};
-pub use routable::{Target, Unroutable};
+pub use routable::{RankSet, Target, Unroutable};
 pub use table::{Accepted, EngineState, EngineTable, HealthHandle, Reject, StallCause, Status};
 
 /// Fixtures for unit tests across the crate.

@@ -27,6 +27,25 @@ impl Target {
     }
 }
 
+/// A set of ranks (`0..1024`, `engines.dp_size`'s bound): those a
+/// route's `among` lets the policy pick from. Fixed size, so a query
+/// allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankSet([u64; 16]);
+
+impl RankSet {
+    /// Adds `rank` (below 1024; the decoder checks `dp_size` first).
+    pub fn insert(&mut self, rank: u32) {
+        if let Some(w) = self.0.get_mut(rank as usize / 64) {
+            *w |= 1 << (rank % 64);
+        }
+    }
+
+    pub fn contains(&self, rank: u32) -> bool {
+        self.0.get(rank as usize / 64).is_some_and(|w| w & (1 << (rank % 64)) != 0)
+    }
+}
+
 /// Why no rank could be given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unroutable {
@@ -35,6 +54,8 @@ pub enum Unroutable {
     Rank { rank: u32, target: Target, status: Option<Status> },
     /// No rank of `dp_size` is up or stale.
     NoEngine { dp_size: u32 },
+    /// No rank of a route's `among` is up or stale.
+    NoneAmong { dp_size: u32 },
 }
 
 impl fmt::Display for Unroutable {
@@ -52,6 +73,9 @@ impl fmt::Display for Unroutable {
                 f,
                 "no routable rank: none of the {dp_size} ranks is up or stale; check that engines publish stats"
             ),
+            Unroutable::NoneAmong { dp_size } => {
+                write!(f, "no routable rank among the ranks asked for (of {dp_size}): none is up or stale")
+            }
         }
     }
 }

@@ -24,6 +24,11 @@ pub struct Daemon {
     /// The HTTP server's connection cap (within the file descriptors' HTTP
     /// share) and timeouts.
     pub http: http::Limits,
+    /// The gateway endpoint picker's way to the route socket, when
+    /// `server.epp_bind` is set.
+    pub bridge: Option<crate::gateway::Bridge>,
+    /// The picker's metrics, registered whether or not it is on.
+    pub gateway_metrics: crate::gateway::metrics::GatewayMetrics,
     control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
     scraper: Scraper,
@@ -42,7 +47,12 @@ impl Daemon {
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
+        let gateway_metrics = crate::gateway::metrics::GatewayMetrics::new(&registry, cfg.settings.engines.dp_size);
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
+        let bridge = match cfg.server.epp_bind {
+            Some(_) => Some(crate::gateway::Bridge::start(&sockets.context()).map_err(TransportError::Thread)?),
+            None => None,
+        };
         let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now())
             .with_server(cfg.server.clone())
             .with_kv_endpoints(&cfg.server.kv_events);
@@ -62,7 +72,7 @@ impl Daemon {
             http_max_connections = http.max_connections,
             "dpcoord serving"
         );
-        Ok(Daemon { registry, published, http, control, thread, scraper })
+        Ok(Daemon { registry, published, http, bridge, gateway_metrics, control, thread, scraper })
     }
 
     /// True once the coordinator thread has ended (on error or stop).

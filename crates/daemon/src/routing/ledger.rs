@@ -13,6 +13,12 @@
 //! it, so it stops being pending (no double count); younger placements stay
 //! pending on top of the snapshot (no herding after it, the failure of
 //! frontends that let each snapshot overwrite their own counts).
+//!
+//! A gateway that sees a request end (`finished`, docs/PROTOCOL.md §6)
+//! acknowledges an outstanding placement early. The engine's `received`
+//! still rises for that request later, so each early acknowledgment is
+//! remembered and consumed first by the next rise of `received` (it then
+//! acknowledges nothing more); one not consumed within `pending_ttl` is forgotten.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -39,6 +45,9 @@ pub struct Ledger {
     pub pending: u64,
     /// Sum of the prompt tokens of the pending placements.
     pub pending_tokens: u64,
+    /// Placements acknowledged early (`finished`) that the engine's
+    /// `received` has not counted yet, oldest first.
+    early: VecDeque<(Instant, u64)>,
 }
 
 impl Ledger {
@@ -71,8 +80,61 @@ impl Ledger {
         }
     }
 
+    /// `finished`: up to `count` outstanding placements ended before the
+    /// engine's `received` counted them; they stop counting now, and the
+    /// next rise of `received` takes them first.
+    pub fn finish(&mut self, count: u64, now: Instant) {
+        let before = self.pending;
+        self.acknowledge(count);
+        let done = before - self.pending;
+        if done > 0 {
+            self.early.push_back((now, done));
+        }
+    }
+
+    /// `count` of the newest outstanding placements never reached this rank
+    /// (a gateway served them elsewhere): they are undone.
+    pub fn withdraw(&mut self, mut count: u64) {
+        while count > 0 {
+            let Some(o) = self.outstanding.back_mut() else { break };
+            let take = count.min(o.count);
+            o.count -= take;
+            count -= take;
+            self.routed = self.routed.saturating_sub(take);
+            self.pending -= take;
+            self.pending_tokens -= take * o.tokens_each;
+            if o.count == 0 {
+                self.outstanding.pop_back();
+            }
+        }
+    }
+
+    /// `count` requests this rank served and finished that were booked on
+    /// another: charged to `routed`, never pending (they are over).
+    pub fn charge(&mut self, count: u64) {
+        self.routed = self.routed.saturating_add(count);
+    }
+
+    /// Takes up to `count` from the early acknowledgments; what is left of
+    /// `count` acknowledges outstanding placements.
+    fn consume_early(&mut self, mut count: u64) -> u64 {
+        while count > 0 {
+            let Some(e) = self.early.front_mut() else { break };
+            let take = count.min(e.1);
+            e.1 -= take;
+            count -= take;
+            if e.1 == 0 {
+                self.early.pop_front();
+            }
+        }
+        count
+    }
+
     /// Drops placements older than `ttl`.
     pub fn expire(&mut self, now: Instant, ttl: Duration) {
+        while self.early.front().is_some_and(|&(at, _)| now.saturating_duration_since(at) >= ttl) {
+            self.early.pop_front();
+        }
         while let Some(&o) = self.outstanding.front() {
             if now.saturating_duration_since(o.at) < ttl {
                 break;
@@ -100,7 +162,8 @@ impl Ledger {
         }
         match a.received {
             Some(received) => {
-                self.acknowledge(received.saturating_sub(self.received));
+                let rise = self.consume_early(received.saturating_sub(self.received));
+                self.acknowledge(rise);
                 self.received = received;
                 self.routed = self.routed.max(received);
             }
@@ -158,6 +221,69 @@ mod tests {
         assert_eq!(l.outstanding.len(), 2);
         on(&mut l, report(999, false));
         assert_eq!((l.pending, l.pending_tokens), (2, 11));
+    }
+}
+
+#[cfg(test)]
+mod finish_tests {
+    use super::*;
+
+    fn received(l: &mut Ledger, n: u64, now: Instant) {
+        let a = Accepted { rank: 0, restarted: false, received: Some(n), missed: 0 };
+        l.on_report(&a, now, Duration::ZERO);
+    }
+
+    /// A request that ends before the engine's `received` counts it is
+    /// acknowledged once: the later rise of `received` for it acknowledges
+    /// no second placement.
+    #[test]
+    fn an_early_finish_is_not_acknowledged_twice() {
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut l = Ledger::default();
+        l.place(2, 10, t0);
+        l.finish(1, ms(10));
+        assert_eq!((l.routed, l.pending, l.pending_tokens), (2, 1, 10));
+        // The engine counts the finished request: the other stays pending.
+        received(&mut l, 1, ms(20));
+        assert_eq!(l.pending, 1);
+        received(&mut l, 2, ms(30));
+        assert_eq!((l.pending, l.pending_tokens), (0, 0));
+        // A finish with nothing outstanding (the engine counted it first) is not remembered.
+        l.place(1, 5, ms(40));
+        received(&mut l, 3, ms(50));
+        l.finish(1, ms(60));
+        l.place(1, 5, ms(70));
+        received(&mut l, 4, ms(80));
+        assert_eq!(l.pending, 0);
+    }
+
+    #[test]
+    fn early_acknowledgments_expire_with_the_pending_ttl() {
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut l = Ledger::default();
+        l.place(1, 1, t0);
+        l.finish(1, t0);
+        l.expire(ms(2000), Duration::from_secs(2));
+        // The engine never counted it (its `received` moved on without it).
+        l.place(1, 1, ms(2100));
+        received(&mut l, 1, ms(2200));
+        assert_eq!(l.pending, 0);
+    }
+
+    #[test]
+    fn a_placement_served_elsewhere_moves() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = (Ledger::default(), Ledger::default());
+        a.place(1, 100, t0);
+        a.place(1, 7, t0 + Duration::from_millis(5));
+        a.withdraw(1);
+        b.charge(1);
+        assert_eq!((a.routed, a.pending, a.pending_tokens), (1, 1, 100));
+        assert_eq!((b.routed, b.pending), (1, 0));
+        a.withdraw(5);
+        assert_eq!((a.routed, a.pending, a.pending_tokens), (0, 0, 0));
     }
 }
 

@@ -1,30 +1,50 @@
-//! What the coordinator shares with other threads (the HTTP server): a
-//! snapshot of the engine table, replaced on every tick. Routing state
-//! itself is never shared.
+//! What the coordinator shares with other threads (the HTTP server, the
+//! gateway endpoint picker): a snapshot of the engine table, replaced on
+//! every tick, and the gateway's endpoints of the settings in force.
+//! Routing state itself is never shared.
 
 use std::sync::{Arc, Mutex};
 
+use crate::config::Gateway;
 use crate::wire::StateView;
 
 #[derive(Debug, Default)]
 pub struct Published {
     state: Mutex<Arc<StateView>>,
+    gateway: Mutex<Arc<Gateway>>,
+}
+
+fn read<T>(m: &Mutex<Arc<T>>) -> Arc<T> {
+    match m.lock() {
+        Ok(s) => Arc::clone(&s),
+        Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+    }
+}
+
+fn write<T>(m: &Mutex<Arc<T>>, value: T) {
+    let value = Arc::new(value);
+    match m.lock() {
+        Ok(mut s) => *s = value,
+        Err(poisoned) => *poisoned.into_inner() = value,
+    }
 }
 
 impl Published {
     /// The engine table as of the last tick.
     pub fn state(&self) -> Arc<StateView> {
-        match self.state.lock() {
-            Ok(s) => Arc::clone(&s),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        read(&self.state)
     }
 
     pub(super) fn set(&self, view: StateView) {
-        let view = Arc::new(view);
-        match self.state.lock() {
-            Ok(mut s) => *s = view,
-            Err(poisoned) => *poisoned.into_inner() = view,
-        }
+        write(&self.state, view)
+    }
+
+    /// The gateway's ranks and endpoints (`[gateway]`) as of the last reload.
+    pub fn gateway(&self) -> Arc<Gateway> {
+        read(&self.gateway)
+    }
+
+    pub(super) fn set_gateway(&self, gateway: Gateway) {
+        write(&self.gateway, gateway)
     }
 }

@@ -23,8 +23,8 @@ pub use kv_events::{
 };
 pub use prompt::{Prompt, TOKENS_PER_KEY};
 pub use query::{
-    decode_health_query, decode_route_query, Admin, Channel, Delivered, HealthOp, Probe, Query, QueryLimits, Rejected,
-    RouteOp, RouteRequest,
+    decode_health_query, decode_route_query, Admin, Channel, Delivered, Finished, HealthOp, Probe, Query, QueryLimits,
+    Rejected, RouteOp, RouteRequest,
 };
 pub use reply::{
     encode_admin, encode_error, encode_health_rank, encode_ok, encode_ping, encode_prefix, encode_ranks, encode_state,
@@ -100,7 +100,7 @@ impl From<Unroutable> for WireError {
     fn from(u: Unroutable) -> Self {
         let code = match u {
             Unroutable::Rank { .. } => ErrorCode::RankUnavailable,
-            Unroutable::NoEngine { .. } => ErrorCode::NoEngineAvailable,
+            Unroutable::NoEngine { .. } | Unroutable::NoneAmong { .. } => ErrorCode::NoEngineAvailable,
         };
         WireError::new(code, u.to_string())
     }

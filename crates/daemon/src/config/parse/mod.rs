@@ -5,8 +5,8 @@ use std::time::Duration;
 use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::Allowlist;
 use super::{
-    err, CacheAware, ConfigError, Engines, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty, PolicyKind,
-    PrefixMode, Routing, Server, Sessions,
+    err, CacheAware, ConfigError, Engines, Gateway, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty,
+    PolicyKind, PrefixMode, Routing, Server, Sessions,
 };
 
 mod kv;
@@ -183,8 +183,18 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         stats: s.int(&keys::STATS_MAX_PEERS)? as u32,
         per_address: s.int(&keys::MAX_PEERS_PER_ADDRESS)? as u32,
     };
+    let epp_bind = match s.string(&keys::EPP_BIND)? {
+        b if b.is_empty() => None,
+        b => Some(b.parse().map_err(|_| {
+            err(
+                keys::EPP_BIND.key.path(),
+                format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"),
+            )
+        })?),
+    };
     s.finish()?;
     Ok(Server {
+        epp_bind,
         route_bind,
         health_bind,
         stats_bind,
@@ -327,6 +337,46 @@ pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> 
     let ttft = s.float(&keys::TTFT)?;
     s.finish()?;
     Ok(Penalty { max_penalty, stale, health_failure, health_half_life, failure, failure_smoothing, ttft })
+}
+
+/// `[gateway]`: one `host:port` per rank, or one for all with
+/// `rank_header`; `epp` says whether the picker is on (it then needs endpoints).
+pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Result<Gateway, ConfigError> {
+    let path = keys::GATEWAY_ENDPOINTS.key.path();
+    let endpoints = s.strings(&keys::GATEWAY_ENDPOINTS)?;
+    for e in &endpoints {
+        check_host_port(e).map_err(|p| err(&path, p))?;
+    }
+    let rank_header = Some(s.string(&keys::GATEWAY_RANK_HEADER)?).filter(|h| !h.is_empty());
+    if let Some(h) = &rank_header {
+        if !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(err(keys::GATEWAY_RANK_HEADER.key.path(), format!("`{h}` is not a header name")));
+        }
+    }
+    let max_body_bytes = s.int(&keys::GATEWAY_MAX_BODY_BYTES)? as usize;
+    s.finish()?;
+    match (rank_header.is_some(), endpoints.len()) {
+        (_, 0) if epp => return Err(err(&path, "server.epp_bind is set: name each rank's host:port here")),
+        (true, n) if n > 1 => {
+            return Err(err(&path, format!("{n} endpoints with gateway.rank_header: one endpoint serves every rank")))
+        }
+        (false, n) if n > 0 && n != dp_size as usize => {
+            return Err(err(
+                &path,
+                format!("{n} endpoints for engines.dp_size = {dp_size}: one per rank, in rank order"),
+            ))
+        }
+        _ => {}
+    }
+    Ok(Gateway { endpoints, rank_header, max_body_bytes })
+}
+
+/// `host:port` as a gateway names an endpoint: a non-empty host and a port.
+fn check_host_port(e: &str) -> Result<(), String> {
+    match e.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(()),
+        _ => Err(format!("`{e}` is not HOST:PORT")),
+    }
 }
 
 pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {

@@ -137,6 +137,7 @@ impl Coordinator {
             reload_asked: None,
         };
         c.published.set(c.state_view(now));
+        c.published.set_gateway(settings.gateway.clone());
         c
     }
 
@@ -192,6 +193,26 @@ impl Coordinator {
         self.ranks = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
         self.next_tick = self.next_tick.min(now + self.tick_every);
+        self.published.set_gateway(settings.gateway);
+        self.warn_unmapped();
+    }
+
+    /// Says which ranks the gateway endpoint picker cannot send to (no
+    /// endpoint in `gateway.endpoints` after a resize or a reload).
+    fn warn_unmapped(&self) {
+        let gateway = self.published.gateway();
+        let dp = self.engines.dp_size();
+        if gateway.endpoints.is_empty() {
+            return;
+        }
+        let unmapped = (0..dp).filter(|&r| gateway.endpoint(r).is_none()).count();
+        if unmapped > 0 {
+            tracing::warn!(
+                dp_size = dp,
+                endpoints = gateway.endpoints.len(),
+                "{unmapped} ranks have no gateway.endpoints entry: the gateway picker does not send to them"
+            );
+        }
     }
 
     /// Grows or shrinks every per-rank structure to `dp_size` ranks, at
@@ -206,6 +227,7 @@ impl Coordinator {
         }
         tracing::info!(from = self.engines.dp_size(), to = dp_size, "dp_size changed");
         self.engines.resize(dp_size);
+        self.warn_unmapped();
         self.user.resize(dp_size);
         self.health.resize(dp_size);
         self.metrics.resize(dp_size);
@@ -441,6 +463,10 @@ impl Coordinator {
             }
             RouteOp::Delivered(d) => {
                 self.predictions.delivered(&d);
+                wire::encode_ok(out, id, None);
+            }
+            RouteOp::Finished(f) => {
+                self.user.finished(f.rank, f.n, f.placed.unwrap_or(f.rank), &self.engines, now);
                 wire::encode_ok(out, id, None);
             }
         }

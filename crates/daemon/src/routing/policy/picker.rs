@@ -5,7 +5,6 @@
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::engines::routable::next_routable;
 use crate::engines::EngineTable;
 
 /// What a picker sees for one request.
@@ -32,11 +31,16 @@ impl Picker {
     /// A rank, or `None` when no rank is routable.
     pub fn pick(self, c: &Candidates<'_>, cursor: u32, rng: &mut SmallRng) -> Option<u32> {
         match self {
-            Picker::Rotation => next_routable(c.engines, cursor).ok(),
+            Picker::Rotation => rotation(c.routable, cursor),
             Picker::Least => least(c.costs, cursor as usize),
             Picker::TwoChoices => two_choices(c.costs, c.routable, rng),
         }
     }
+}
+
+/// The first of `routable` (ascending) at or after `cursor`, wrapping.
+fn rotation(routable: &[u32], cursor: u32) -> Option<u32> {
+    routable.iter().copied().find(|&r| r >= cursor).or(routable.first().copied())
 }
 
 /// The cheapest finite-cost rank, scanning from `start` (wrapping) so that

@@ -19,7 +19,7 @@ use super::session::SessionTable;
 use super::window::DispatchWindow;
 use crate::config::{CacheAware, Settings};
 use crate::engines::routable::check_fixed;
-use crate::engines::{Accepted, EngineTable, Unroutable};
+use crate::engines::{Accepted, EngineTable, RankSet, Unroutable};
 use crate::wire::RouteRequest;
 
 #[derive(Debug)]
@@ -50,6 +50,9 @@ pub struct UserDispatcher {
     /// [`PROMPT_WINDOW`]), 0 before the first: what a queued request is
     /// worth in tokens where the engine reports no token load.
     prompt_mean: f64,
+    /// The current route's `among`: while it is set, ranks outside it cost
+    /// infinity and are left out of `routable`.
+    among: Option<RankSet>,
 }
 
 /// How many placements the mean prompt length averages over.
@@ -77,6 +80,7 @@ impl UserDispatcher {
             request_costs: Vec::new(),
             guarded: false,
             prompt_mean: 0.0,
+            among: None,
         };
         d.resize(s.engines.dp_size);
         d
@@ -157,7 +161,10 @@ impl UserDispatcher {
 
     fn refresh(&mut self, rank: u32, engines: &EngineTable) {
         let r = rank as usize;
-        self.costs[r] = self.scorer.cost(engines.get(rank), &self.ledgers[r], self.prompt_mean);
+        self.costs[r] = match self.among {
+            Some(set) if !set.contains(rank) => f64::INFINITY,
+            _ => self.scorer.cost(engines.get(rank), &self.ledgers[r], self.prompt_mean),
+        };
     }
 
     /// Recomputes every cost and the routable list.
@@ -165,7 +172,7 @@ impl UserDispatcher {
         self.routable.clear();
         for rank in 0..engines.dp_size() {
             self.refresh(rank, engines);
-            if engines.is_routable(rank) {
+            if engines.is_routable(rank) && self.among.is_none_or(|set| set.contains(rank)) {
                 self.routable.push(rank);
             }
         }
@@ -184,6 +191,27 @@ impl UserDispatcher {
         prefix: Option<&PrefixView<'_>>,
         now: Instant,
         out: &mut Vec<Placement>,
+    ) -> Result<(), Unroutable> {
+        if req.among.is_none() {
+            return self.route_all(req, engines, prefix, now, out);
+        }
+        // Only the ranks of `among` are candidates for this route; the
+        // costs and the routable list are restored after it.
+        self.among = req.among;
+        self.refresh_all(engines);
+        let result = self.route_all(req, engines, prefix, now, out);
+        self.among = None;
+        self.refresh_all(engines);
+        result
+    }
+
+    fn route_all(
+        &mut self,
+        req: &RouteRequest<'_>,
+        engines: &EngineTable,
+        prefix: Option<&PrefixView<'_>>,
+        now: Instant,
+        out: &mut Vec<u32>,
     ) -> Result<(), Unroutable> {
         out.clear();
         self.guarded = false;
@@ -264,7 +292,11 @@ impl UserDispatcher {
             return check_fixed(engines, rank, req.target).map(Some);
         }
         if self.routable.is_empty() {
-            return Err(Unroutable::NoEngine { dp_size: engines.dp_size() });
+            let dp_size = engines.dp_size();
+            return Err(match self.among {
+                Some(_) => Unroutable::NoneAmong { dp_size },
+                None => Unroutable::NoEngine { dp_size },
+            });
         }
         let Some(key) = req.session else { return Ok(None) };
         let rank = match self.sessions.peek(key, now).filter(|&r| self.keeps_session(r)) {
@@ -320,6 +352,21 @@ impl UserDispatcher {
         if self.scorer.metric == Metric::Tokens && self.prompt_mean != before {
             self.refresh_all(engines);
         }
+    }
+
+    /// `finished` **(ext)**: `n` requests booked on `placed` were served by
+    /// `rank` and have ended. On the same rank, its outstanding placements
+    /// are acknowledged early; on another, `placed`'s are withdrawn and
+    /// `rank` is charged (its `routed`).
+    pub fn finished(&mut self, rank: u32, n: u32, placed: u32, engines: &EngineTable, now: Instant) {
+        if rank == placed {
+            self.ledgers[rank as usize].finish(n.into(), now);
+        } else {
+            self.ledgers[placed as usize].withdraw(n.into());
+            self.ledgers[rank as usize].charge(n.into());
+            self.refresh(placed, engines);
+        }
+        self.refresh(rank, engines);
     }
 
     /// Folds an applied stats update into the rank's ledger and cost.

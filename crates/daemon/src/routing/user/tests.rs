@@ -8,7 +8,7 @@ use crate::engines::{LoadReport, Target};
 use crate::routing::placement::ranks_of;
 
 fn req(n: u32, target: Target) -> RouteRequest<'static> {
-    RouteRequest { n, prompt_tokens: None, target, session: None, prompt: None, explain: false }
+    RouteRequest { n, prompt_tokens: None, target, session: None, prompt: None, explain: false, among: None }
 }
 
 fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {

@@ -10,7 +10,7 @@ use super::msgpack::{Reader, Value};
 use super::prompt::{decode_prompt, scan_array, ArrayKind, Prompt, PromptFields};
 use super::{ErrorCode, Id, WireError};
 use crate::config::keys::{check_query_work, DP_SIZE, MAX_DP_SIZE as MAX_DP_SIZE_KEY};
-use crate::engines::Target;
+use crate::engines::{RankSet, Target};
 
 /// The largest rank count a `resize` may ask for (`engines.dp_size`'s bound).
 const MAX_DP_SIZE: u32 = DP_SIZE.max as u32;
@@ -44,6 +44,19 @@ pub enum RouteOp<'a> {
     Route(RouteRequest<'a>),
     /// `delivered`: what an engine delivered of a prediction.
     Delivered(Delivered),
+    /// `finished`: requests served by a rank ended.
+    Finished(Finished),
+}
+
+/// A `finished` report **(ext)**: `n` requests that `placed` was charged
+/// with were served by `rank` and have ended (their response is over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub rank: u32,
+    pub n: u32,
+    /// The rank the placements were booked on, when the gateway served
+    /// them elsewhere; `None`: `rank` itself.
+    pub placed: Option<u32>,
 }
 
 /// A `delivered` report: the prompt tokens predicted cached on `rank` (as
@@ -96,6 +109,8 @@ pub struct RouteRequest<'a> {
     pub prompt: Option<Prompt<'a>>,
     /// `explain`: the reply carries what the policy predicted was cached.
     pub explain: bool,
+    /// `among` **(ext)**: the policy and sessions pick only from these ranks.
+    pub among: Option<RankSet>,
 }
 
 /// A decoded query: its id and its op (`RouteOp` or `HealthOp`).
@@ -134,6 +149,9 @@ struct Fields<'a> {
     explain: Option<Value<'a>>,
     predicted: Option<Value<'a>>,
     delivered: Option<Value<'a>>,
+    placed: Option<Value<'a>>,
+    /// The whole encoded array of `among` (read later).
+    among: Option<&'a [u8]>,
     /// `tokens` (its count; the ids are in the decoder's buffer) and the
     /// whole encoded value of `block_keys` (read later).
     prompt: PromptFields<'a>,
@@ -188,6 +206,11 @@ fn read_fields<'a>(
             "block_keys" => Some(ArrayKind::Keys),
             _ => None,
         };
+        if key == "among" {
+            r.skip_rest(value).map_err(undecodable)?;
+            f.among = (value != Value::Nil).then(|| &bytes[start..r.position()]);
+            continue;
+        }
         let scanned = match kind {
             Some(kind) if value != Value::Nil => {
                 Some(scan_array(&mut r, value, kind, tokens, max_tokens).map_err(undecodable)?)
@@ -219,6 +242,7 @@ fn read_fields<'a>(
             "explain" => &mut f.explain,
             "predicted" => &mut f.predicted,
             "delivered" => &mut f.delivered,
+            "placed" => &mut f.placed,
             "lora" => &mut f.prompt.lora,
             "salt" => &mut f.prompt.salt,
             _ => continue, // unknown keys are ignored
@@ -306,7 +330,38 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Res
         Some(Value::Bool(b)) => b,
         Some(other) => return Err(bad(format!("`explain` must be a boolean, got {}", other.type_name()))),
     };
-    Ok(RouteRequest { n, prompt_tokens, target, session, prompt, explain })
+    let among = f.among.map(|raw| decode_among(raw, lim.dp_size)).transpose()?;
+    Ok(RouteRequest { n, prompt_tokens, target, session, prompt, explain, among })
+}
+
+/// `among`: an array of ranks, each `0..dp_size`.
+fn decode_among(raw: &[u8], dp_size: u32) -> Result<RankSet, WireError> {
+    let mut r = Reader::new(raw);
+    let len = match r.read() {
+        Ok(Value::Array(n)) => n,
+        Ok(other) => return Err(bad(format!("`among` must be an array of ranks, got {}", other.type_name()))),
+        Err(e) => return Err(bad(format!("`among` is not valid MessagePack: {e}"))),
+    };
+    let mut set = RankSet::default();
+    for _ in 0..len {
+        match r.read() {
+            Ok(v @ Value::Int(_)) => set.insert(decode_rank(v, dp_size)?),
+            Ok(other) => return Err(bad(format!("`among` must hold ranks (integers), got {}", other.type_name()))),
+            Err(e) => return Err(bad(format!("`among` is not valid MessagePack: {e}"))),
+        }
+    }
+    Ok(set)
+}
+
+fn decode_finished(f: &Fields<'_>, lim: &QueryLimits) -> Result<Finished, WireError> {
+    let rank = decode_rank(f.rank.ok_or_else(|| bad("`finished` needs `rank`"))?, lim.dp_size)?;
+    let n = match f.n.map(|v| uint("n", v)).transpose()? {
+        None => 1,
+        Some(n) if (1..=u64::from(lim.max_batch)).contains(&n) => n as u32,
+        Some(n) => return Err(bad(format!("`n` must be 1..={}, got {n}", lim.max_batch))),
+    };
+    let placed = f.placed.map(|v| decode_rank(v, lim.dp_size)).transpose()?;
+    Ok(Finished { rank, n, placed })
 }
 
 fn needed<'a>(name: &str, v: Option<Value<'a>>) -> Result<Value<'a>, WireError> {
@@ -378,7 +433,7 @@ fn shown(name: &str) -> std::borrow::Cow<'_, str> {
 
 fn unknown_op(name: &str, ch: Channel) -> WireError {
     let served = match ch {
-        Channel::Route => "route, delivered, ping, state",
+        Channel::Route => "route, delivered, finished, ping, state",
         Channel::Health => "health_route, health_report, resize, reload, prefix, ping, state",
     };
     WireError::new(
@@ -393,6 +448,7 @@ fn route_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]
         "state" => Ok(RouteOp::State),
         "route" => decode_route(f, lim, tokens).map(RouteOp::Route),
         "delivered" => decode_delivered(f, lim.dp_size).map(RouteOp::Delivered),
+        "finished" => decode_finished(f, lim).map(RouteOp::Finished),
         "health_route" | "health_report" | "resize" | "reload" | "prefix" => {
             Err(wrong_socket(name, Channel::Route, Channel::Health))
         }
@@ -409,7 +465,7 @@ fn health_op<'a>(name: &str, f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32
         "resize" => decode_resize(f, lim).map(|n| HealthOp::Admin(Admin::Resize(n))),
         "reload" => Ok(HealthOp::Admin(Admin::Reload)),
         "prefix" => decode_prefix(f, lim, tokens),
-        "route" | "delivered" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
+        "route" | "delivered" | "finished" => Err(wrong_socket(name, Channel::Health, Channel::Route)),
         _ => Err(unknown_op(name, Channel::Health)),
     }
 }

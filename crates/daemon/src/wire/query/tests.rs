@@ -60,6 +60,7 @@ fn route_with_all_fields() {
             session: Some("s1"),
             prompt: None,
             explain: false,
+            among: None,
         })
     );
 }

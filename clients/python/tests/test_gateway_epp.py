@@ -1,0 +1,271 @@
+"""The gateway endpoint picker (issue 28): a client built from Envoy's own
+generated protos (xds-protos, grpcio) drives the message sequence an
+Envoy-based gateway sends on ``ext_proc``, against the real binary."""
+
+from __future__ import annotations
+
+import json
+import queue
+from typing import Any, Iterator
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import DEADLINE, bring_up, eventually, free_port
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+DEST = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"
+BODY = json.dumps({"model": "m", "prompt": "hello " * 40}).encode()
+
+
+def start(start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20):
+    port = free_port()
+    eps = endpoints if endpoints is not None else [A, B, C][:dp]
+    cfg = tmp_path / f"epp-{port}.toml"
+    cfg.write_text(
+        f'[server]\nepp_bind = "127.0.0.1:{port}"\n'
+        f"[engines]\ndp_size = {dp}\n"
+        # Placements stay pending until finished: the test sees exactly what the picker booked.
+        "[routing]\npending_ttl_ms = 600000\n"
+        f"[gateway]\nendpoints = {json.dumps(eps)}\nrank_header = {json.dumps(rank_header)}\nmax_body_bytes = {cap}\n"
+    )
+    d = start_daemon("--config", str(cfg))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=DEADLINE)
+    return d, channel
+
+
+class Stream:
+    """One ext_proc stream, driven message by message as a gateway would."""
+
+    def __init__(self, channel):
+        self.out: queue.Queue = queue.Queue()
+        self.call = ep_grpc.ExternalProcessorStub(channel).Process(iter(self.out.get, None), timeout=DEADLINE)
+        self.replies: Iterator[ep.ProcessingResponse] = iter(self.call)
+
+    def send(self, **kw: Any) -> None:
+        self.out.put(ep.ProcessingRequest(**kw))
+
+    def recv(self) -> ep.ProcessingResponse:
+        return next(self.replies)
+
+    def close(self) -> None:
+        self.out.put(None)
+
+
+def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
+    return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
+
+
+def subset_md(endpoints: list[str]) -> base_pb2.Metadata:
+    s = struct_pb2.Struct()
+    s.update({"x-gateway-destination-endpoint-subset": endpoints})
+    return base_pb2.Metadata(filter_metadata={"envoy.lb.subset_hint": s})
+
+
+def request(s: Stream, body: bytes = BODY, *, chunk: int = 100, buffered: bool = False, subset=None) -> None:
+    mode = pm.ProcessingMode.BUFFERED if buffered else pm.ProcessingMode.FULL_DUPLEX_STREAMED
+    first: dict[str, Any] = dict(
+        protocol_config=ep.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode),
+        request_headers=ep.HttpHeaders(headers=headers({":method": "POST", ":path": "/v1/completions"})),
+    )
+    if subset is not None:
+        first["metadata_context"] = subset_md(subset)
+    s.send(**first)
+    if buffered:
+        assert s.recv().WhichOneof("response") == "request_headers"
+        s.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+        return
+    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    for i, p in enumerate(parts):
+        s.send(request_body=ep.HttpBody(body=p, end_of_stream=i == len(parts) - 1))
+
+
+def picked(s: Stream, body: bytes = BODY) -> tuple[str, dict[str, str]]:
+    """The streamed pick: headers (with the endpoint) and the body handed back."""
+    h = s.recv()
+    assert h.WhichOneof("response") == "request_headers", h
+    set_headers = {o.header.key: o.header.raw_value.decode() for o in h.request_headers.response.header_mutation.set_headers}
+    lb = h.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
+    assert lb == set_headers[DEST], "the metadata and the header name the same endpoint"
+    b = s.recv()
+    assert b.request_body.response.body_mutation.streamed_response.body == body
+    assert b.request_body.response.body_mutation.streamed_response.end_of_stream
+    return set_headers[DEST], set_headers
+
+
+def respond(s: Stream, served: str | None, status: str = "200") -> None:
+    pairs = {":status": status}
+    if served:
+        pairs[SERVED] = served
+    s.send(response_headers=ep.HttpHeaders(headers=headers(pairs)))
+    assert s.recv().WhichOneof("response") == "response_headers"
+    s.send(response_body=ep.HttpBody(body=b"data: {}\n\n", end_of_stream=False))
+    assert s.recv().response_body.response.body_mutation.streamed_response.body == b"data: {}\n\n"
+    s.send(response_body=ep.HttpBody(body=b"", end_of_stream=True))
+    assert s.recv().WhichOneof("response") == "response_body"
+    s.close()
+
+
+def immediate(s: Stream) -> ep.ImmediateResponse:
+    r = s.recv()
+    assert r.WhichOneof("response") == "immediate_response", r
+    s.close()
+    return r.immediate_response
+
+
+def pending(d) -> list[int]:
+    return [r["pending"] for r in d.state()["ranks"]]
+
+
+def routed(d) -> list[int]:
+    return [r["routed"] for r in d.state()["ranks"]]
+
+
+def test_a_streamed_request_is_picked_booked_and_finished(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    bring_up(d, engines, [0, 1])
+    s = Stream(ch)
+    request(s)
+    endpoint, _ = picked(s)
+    rank = [A, B].index(endpoint)
+    assert pending(d)[rank] == 1, "the pick is a route placement"
+    respond(s, endpoint)
+    eventually("the placement completes", lambda: pending(d) == [0, 0])
+    assert routed(d)[rank] == 1
+    assert d.metric("dpcoord_gateway_requests_total", 'outcome="routed"') == 1
+    # Round robin through the gateway, exactly as the route op would.
+    s = Stream(ch)
+    request(s)
+    assert picked(s)[0] == [A, B][1 - rank]
+    respond(s, None)
+    eventually("both complete", lambda: pending(d) == [0, 0])
+
+
+def test_the_subset_hint_is_honoured_and_an_unknown_one_is_503(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, dp=3)
+    bring_up(d, engines, [0, 1, 2])
+    for _ in range(3):
+        s = Stream(ch)
+        request(s, subset=[C, "10.9.9.9:1"])
+        assert picked(s)[0] == C
+        respond(s, C)
+    s = Stream(ch)
+    request(s, subset=["10.9.9.9:1"])
+    r = immediate(s)
+    assert r.status.code == 503 and b"10.9.9.9:1" in r.body
+    eventually("nothing left pending", lambda: pending(d) == [0, 0, 0])
+    assert routed(d) == [0, 0, 3]
+
+
+def test_no_routable_rank_is_503_and_readiness_follows_the_ranks(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    health = health_pb2_grpc.HealthStub(ch)
+    status = lambda svc: health.Check(health_pb2.HealthCheckRequest(service=svc), timeout=DEADLINE).status
+    assert status("liveness") == health_pb2.HealthCheckResponse.SERVING
+    assert status("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
+    s = Stream(ch)
+    request(s)
+    r = immediate(s)
+    assert r.status.code == 503 and b"no routable rank" in r.body
+    bring_up(d, engines, [0, 1])
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+    eventually("ready", lambda: status("readiness") == SERVING)
+    assert status("envoy.service.ext_proc.v3.ExternalProcessor") == SERVING
+
+
+def test_a_request_served_elsewhere_is_charged_there(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    bring_up(d, engines, [0, 1])
+    s = Stream(ch)
+    request(s)
+    endpoint, _ = picked(s)
+    rank = [A, B].index(endpoint)
+    other = 1 - rank
+    respond(s, [A, B][other], status="503")
+    eventually("the placement moved and ended", lambda: pending(d) == [0, 0] and routed(d)[other] == 1)
+    assert routed(d)[rank] == 0
+    assert d.metric("dpcoord_gateway_rank_errors_total", f'dp_rank="{other}",kind="status_5xx"') == 1
+
+
+def test_one_endpoint_with_the_rank_header(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, endpoints=[A], rank_header="x-data-parallel-rank")
+    bring_up(d, engines, [0, 1])
+    seen = []
+    for _ in range(2):
+        s = Stream(ch)
+        request(s, subset=[A])
+        endpoint, hs = picked(s)
+        assert endpoint == A
+        seen.append(int(hs["x-data-parallel-rank"]))
+        respond(s, A)
+    assert sorted(seen) == [0, 1]
+    eventually("done", lambda: pending(d) == [0, 0])
+
+
+def test_a_buffered_body(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    bring_up(d, engines, [0, 1])
+    s = Stream(ch)
+    request(s, buffered=True)
+    r = s.recv()
+    assert r.WhichOneof("response") == "request_body"
+    hs = {o.header.key: o.header.raw_value.decode() for o in r.request_body.response.header_mutation.set_headers}
+    assert hs[DEST] in (A, B)
+    assert r.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value == hs[DEST]
+    s.send(response_headers=ep.HttpHeaders(headers=headers({":status": "200"}), end_of_stream=True))
+    assert s.recv().WhichOneof("response") == "response_headers"
+    s.close()
+    eventually("done", lambda: pending(d) == [0, 0])
+
+
+@pytest.mark.parametrize(
+    "body,code,says",
+    [
+        (b'{"model": "m", "prompt": ', 400, b"not JSON"),
+        (json.dumps({"prompt": "x"}).encode(), 400, b"no `model`"),
+        (json.dumps({"model": "m"}).encode(), 400, b"neither `prompt` nor `messages`"),
+        (json.dumps({"model": "m", "prompt": "x" * 3000}).encode(), 413, b"max_body_bytes = 2048"),
+    ],
+)
+def test_bad_bodies_get_a_clear_answer_and_book_nothing(start_daemon, engines, tmp_path, body, code, says):
+    d, ch = start(start_daemon, tmp_path, cap=2048)
+    bring_up(d, engines, [0, 1])
+    s = Stream(ch)
+    request(s, body)
+    r = immediate(s)
+    assert r.status.code == code and says in r.body, r.body
+    assert pending(d) == [0, 0] and routed(d) == [0, 0]
+    # The daemon is unaffected: the next request goes through.
+    s = Stream(ch)
+    request(s)
+    picked(s)
+    respond(s, None)
+    eventually("done", lambda: pending(d) == [0, 0])
+
+
+def test_a_reset_mid_body_books_nothing_and_one_after_the_pick_completes(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    bring_up(d, engines, [0, 1])
+    s = Stream(ch)
+    s.send(request_headers=ep.HttpHeaders(headers=headers({":method": "POST"})))
+    s.send(request_body=ep.HttpBody(body=BODY[:10], end_of_stream=False))
+    s.call.cancel()
+    eventually("the reset is counted", lambda: d.metric("dpcoord_gateway_requests_total", 'outcome="rejected_reset"') == 1)
+    assert pending(d) == [0, 0] and routed(d) == [0, 0]
+    # Reset while the response streams: the placement completes, an error of that rank.
+    s = Stream(ch)
+    request(s)
+    endpoint, _ = picked(s)
+    rank = [A, B].index(endpoint)
+    assert pending(d)[rank] == 1
+    s.call.cancel()
+    eventually("pending falls", lambda: pending(d) == [0, 0])
+    assert d.metric("dpcoord_gateway_rank_errors_total", f'dp_rank="{rank}",kind="reset"') == 1

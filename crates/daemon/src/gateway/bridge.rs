@@ -1,0 +1,142 @@
+//! The bridge from the picker's gRPC tasks to the coordinator: one thread
+//! owns a DEALER connected in-process to the route ROUTER, so every pick
+//! is a `route` query (and every ended request a `finished` query) answered
+//! by the routing thread like any frontend's: the same pending, sessions,
+//! penalties, policy and health isolation. Tasks hand a query over a
+//! channel and wake the thread through a socket pair; the reply comes back
+//! on a oneshot matched by the query's `id`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+/// Where the route ROUTER also listens for the picker.
+pub const ENDPOINT: &str = "inproc://dpcoord-gateway";
+/// How long the thread waits before looking whether the picker is gone.
+const POLL_MS: i64 = 200;
+
+/// A query of the route socket (docs/PROTOCOL.md §4), as the picker sends it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Query {
+    pub op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub among: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placed: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Wire<'a> {
+    v: u8,
+    id: u64,
+    #[serde(flatten)]
+    q: &'a Query,
+}
+
+/// A reply of the route socket, what the picker reads of it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Reply {
+    #[serde(default)]
+    pub id: Option<u64>,
+    pub ok: bool,
+    #[serde(default)]
+    pub ranks: Vec<u32>,
+    #[serde(default)]
+    pub error: Option<ReplyError>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ReplyError {
+    pub code: String,
+    pub message: String,
+}
+
+type Ask = (Query, oneshot::Sender<Reply>);
+
+/// The picker's handle on the bridge thread; cheap to clone.
+#[derive(Clone)]
+pub struct Bridge {
+    tx: mpsc::Sender<Ask>,
+    wake: Arc<Mutex<UnixStream>>,
+}
+
+impl Bridge {
+    /// Connects a DEALER to [`ENDPOINT`] (bound by the route socket first)
+    /// and starts the thread.
+    pub fn start(ctx: &zmq::Context) -> std::io::Result<Bridge> {
+        let dealer = ctx.socket(zmq::DEALER).map_err(std::io::Error::other)?;
+        dealer.set_linger(0).map_err(std::io::Error::other)?;
+        dealer.connect(ENDPOINT).map_err(std::io::Error::other)?;
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        wake_rx.set_nonblocking(true)?;
+        wake_tx.set_nonblocking(true)?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new().name("gateway-bridge".into()).spawn(move || serve(&dealer, &rx, wake_rx))?;
+        Ok(Bridge { tx, wake: Arc::new(Mutex::new(wake_tx)) })
+    }
+
+    /// Asks the coordinator; `None` when the bridge has stopped.
+    pub async fn ask(&self, q: Query) -> Option<Reply> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send((q, tx)).ok()?;
+        if let Ok(mut w) = self.wake.lock() {
+            // A full pipe already holds a wake-up: the byte is not needed.
+            let _ = w.write(&[1]);
+        }
+        rx.await.ok()
+    }
+}
+
+/// The thread: sends what tasks hand over, routes replies back by `id`.
+fn serve(dealer: &zmq::Socket, rx: &mpsc::Receiver<Ask>, mut wake: UnixStream) {
+    let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
+    let mut next_id: u64 = 0;
+    let mut scratch = [0u8; 256];
+    loop {
+        let mut items = [dealer.as_poll_item(zmq::POLLIN), zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN)];
+        if zmq::poll(&mut items, POLL_MS).is_err() {
+            continue;
+        }
+        while wake.read(&mut scratch).is_ok_and(|n| n > 0) {}
+        loop {
+            match rx.try_recv() {
+                Ok((q, reply)) => {
+                    next_id = next_id.wrapping_add(1);
+                    let bytes = rmp_serde::to_vec_named(&Wire { v: 1, id: next_id, q: &q });
+                    match bytes.map(|b| dealer.send(b, zmq::DONTWAIT)) {
+                        Ok(Ok(())) => {
+                            waiting.insert(next_id, reply);
+                        }
+                        _ => tracing::debug!("a gateway query was not sent"),
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
+            match rmp_serde::from_slice::<Reply>(&frame) {
+                Ok(r) => {
+                    if let Some(tx) = r.id.and_then(|id| waiting.remove(&id)) {
+                        let _ = tx.send(r);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "a gateway reply was not read"),
+            }
+        }
+        // Tasks that gave up (their stream reset) leave a closed sender.
+        waiting.retain(|_, tx| !tx.is_closed());
+    }
+}

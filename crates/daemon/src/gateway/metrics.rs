@@ -1,0 +1,87 @@
+//! The picker's metrics: requests by outcome, errors by the rank that served.
+
+use prometheus::{IntCounterVec, Opts, Registry};
+
+use crate::observability::metrics::{built, register};
+
+/// How a request through the gateway ended for the picker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A rank picked and its endpoint given to the gateway.
+    Routed,
+    /// A body that cannot be routed (not JSON, no model, no prompt): 400.
+    RejectedBadRequest,
+    /// A body above `gateway.max_body_bytes`: 413.
+    RejectedTooLarge,
+    /// No eligible rank (none routable, or none in the subset hint): 503.
+    RejectedNoRank,
+    /// The stream ended before the body did: nothing routed.
+    RejectedReset,
+    /// The coordinator could not be asked, or refused otherwise: 500.
+    RejectedError,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Routed,
+        Outcome::RejectedBadRequest,
+        Outcome::RejectedTooLarge,
+        Outcome::RejectedNoRank,
+        Outcome::RejectedReset,
+        Outcome::RejectedError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Routed => "routed",
+            Outcome::RejectedBadRequest => "rejected_bad_request",
+            Outcome::RejectedTooLarge => "rejected_too_large",
+            Outcome::RejectedNoRank => "rejected_no_rank",
+            Outcome::RejectedReset => "rejected_reset",
+            Outcome::RejectedError => "rejected_error",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct GatewayMetrics {
+    requests: IntCounterVec,
+    rank_errors: IntCounterVec,
+}
+
+impl GatewayMetrics {
+    /// Registered whether or not the picker is on, so every series exists
+    /// from the start: the outcomes, and each rank of `dp_size`'s errors
+    /// (a rank added by a resize gets its series at its first error).
+    pub fn new(registry: &Registry, dp_size: u32) -> Self {
+        let requests = built(IntCounterVec::new(
+            Opts::new("dpcoord_gateway_requests_total", "Requests the gateway endpoint picker answered, by outcome"),
+            &["outcome"],
+        ));
+        let rank_errors = built(IntCounterVec::new(
+            Opts::new(
+                "dpcoord_gateway_rank_errors_total",
+                "Requests through the gateway that failed on the rank that served them (status_5xx, reset)",
+            ),
+            &["dp_rank", "kind"],
+        ));
+        for o in Outcome::ALL {
+            requests.with_label_values(&[o.as_str()]);
+        }
+        for rank in 0..dp_size {
+            for kind in ["status_5xx", "reset"] {
+                rank_errors.with_label_values(&[&rank.to_string(), kind]);
+            }
+        }
+        GatewayMetrics { requests: register(registry, requests), rank_errors: register(registry, rank_errors) }
+    }
+
+    pub fn outcome(&self, o: Outcome) {
+        self.requests.with_label_values(&[o.as_str()]).inc();
+    }
+
+    /// `kind`: `status_5xx` or `reset`.
+    pub fn rank_error(&self, rank: u32, kind: &str) {
+        self.rank_errors.with_label_values(&[&rank.to_string(), kind]).inc();
+    }
+}

@@ -1,0 +1,108 @@
+//! The Kubernetes Gateway API Inference Extension's endpoint picker: an
+//! Envoy `ext_proc` gRPC server (`server.epp_bind`, off by default) that
+//! tells a gateway which rank's endpoint takes each request. Every pick is
+//! a `route` query to the coordinator through [`bridge`], so it shares the
+//! route socket's pending, sessions, penalties and policy; the end of each
+//! response is booked with a `finished` query (docs/operations.md, "Behind
+//! a Kubernetes gateway").
+//!
+//! - `body.rs`: the OpenAI request body (`model`, the prompt, `user`)
+//! - `bridge.rs`: the thread between the gRPC tasks and the route socket
+//! - `service.rs`: one request's `ext_proc` stream
+//! - `reply.rs`: the `ext_proc` messages the picker answers with
+//! - `subset.rs`: eligible ranks (endpoints, the gateway's subset hint)
+//! - `metrics.rs`: `dpcoord_gateway_*`
+
+pub mod body;
+pub mod bridge;
+pub mod metrics;
+mod reply;
+pub mod service;
+pub mod subset;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use body::{ChatMessage, PromptText};
+pub use bridge::Bridge;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
+
+use crate::routing::Published;
+
+/// The gRPC health service names a gateway may probe, besides "" (the server).
+pub const LIVENESS: &str = "liveness";
+pub const READINESS: &str = "readiness";
+pub const EXT_PROC: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+/// How often readiness looks at the ranks (the snapshot changes each tick).
+const READY_EVERY: Duration = Duration::from_millis(100);
+
+/// The running picker; [`Server::stop`] ends it.
+pub struct Server {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Whether a gateway should send requests: some rank is up or stale.
+fn ready(published: &Published) -> bool {
+    published.state().ranks.iter().any(|r| r.status == "up" || r.status == "stale")
+}
+
+/// Serves the picker and the gRPC health service on `listener` (already
+/// bound, so a bind error was reported before the daemon started).
+pub fn spawn(
+    rt: &tokio::runtime::Handle,
+    listener: TcpListener,
+    bridge: Bridge,
+    published: Arc<Published>,
+    metrics: metrics::GatewayMetrics,
+) -> Server {
+    let picker = service::Picker { bridge, published: Arc::clone(&published), metrics };
+    let (stop, mut stopped) = watch::channel(false);
+    let task = rt.spawn(async move {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter.set_service_status("", ServingStatus::Serving).await;
+        reporter.set_service_status(LIVENESS, ServingStatus::Serving).await;
+        let watcher = tokio::spawn(async move {
+            let mut was = None;
+            loop {
+                let now = ready(&published);
+                if was != Some(now) {
+                    let status = if now { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    reporter.set_service_status(READINESS, status).await;
+                    reporter.set_service_status(EXT_PROC, status).await;
+                    was = Some(now);
+                }
+                tokio::time::sleep(READY_EVERY).await;
+            }
+        });
+        let incoming = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
+            Ok(l) => tokio_stream::wrappers::TcpListenerStream::new(l),
+            Err(e) => {
+                tracing::error!(error = %e, "the gateway picker's listener cannot be served");
+                return;
+            }
+        };
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(ExternalProcessorServer::new(picker))
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await;
+        watcher.abort();
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the gateway picker stopped");
+        }
+    });
+    Server { stop, task }
+}

@@ -1,0 +1,239 @@
+//! The `ext_proc` stream of one request through the gateway: headers and
+//! body in (buffered, or `FULL_DUPLEX_STREAMED` chunks), a pick through
+//! the coordinator, the endpoint out as a header and as `envoy.lb` dynamic
+//! metadata; then the response's headers (the endpoint that served it) and
+//! its end, booked with a `finished` query.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use ep::processing_request::Request as In;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::bridge::{Bridge, Query};
+use super::metrics::{GatewayMetrics, Outcome};
+use super::reply::{self, Pick};
+use super::{body, subset};
+use crate::routing::Published;
+
+/// The header (and `envoy.lb` metadata key) that names the picked endpoint.
+pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// The header the gateway adds to the response: the endpoint that served it.
+pub const SERVED: &str = "x-gateway-destination-endpoint-served";
+/// Envoy's `BodySendMode::BUFFERED`.
+const BUFFERED: i32 = 2;
+/// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
+const FULL_DUPLEX: i32 = 4;
+
+#[derive(Clone)]
+pub struct Picker {
+    pub bridge: Bridge,
+    pub published: Arc<Published>,
+    pub metrics: GatewayMetrics,
+}
+
+/// One request's stream, as far as it went.
+#[derive(Default)]
+struct Stream {
+    body: Vec<u8>,
+    subset: Option<Vec<String>>,
+    buffered: bool,
+    response_streamed: bool,
+    /// The rank booked by the pick, then the rank that served it.
+    placed: Option<u32>,
+    served: Option<u32>,
+    finished: bool,
+}
+
+type Out = mpsc::Sender<Result<ep::ProcessingResponse, Status>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Picker {
+    type ProcessStream = ReceiverStream<Result<ep::ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ep::ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        let picker = self.clone();
+        tokio::spawn(async move { picker.serve(request.into_inner(), tx).await });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl Picker {
+    async fn serve(self, mut input: Streaming<ep::ProcessingRequest>, out: Out) {
+        let mut s = Stream::default();
+        while let Ok(Some(msg)) = input.message().await {
+            if let Some(cfg) = msg.protocol_config {
+                s.buffered = cfg.request_body_mode == BUFFERED;
+                s.response_streamed = cfg.response_body_mode == FULL_DUPLEX;
+            }
+            if s.subset.is_none() {
+                s.subset = msg.metadata_context.as_ref().and_then(subset::hint);
+            }
+            let Some(req) = msg.request else { continue };
+            let done = self.step(&mut s, req, &out).await;
+            if done {
+                break;
+            }
+        }
+        // A stream that ends before its response did: the request is over.
+        if let (Some(placed), false) = (s.placed, s.finished) {
+            let rank = s.served.unwrap_or(placed);
+            self.metrics.rank_error(rank, "reset");
+            self.finish(rank, placed).await;
+        } else if s.placed.is_none() && !s.finished {
+            self.metrics.outcome(Outcome::RejectedReset);
+        }
+    }
+
+    /// Answers one message; `true` once the stream has nothing more to do.
+    async fn step(&self, s: &mut Stream, req: In, out: &Out) -> bool {
+        match req {
+            In::RequestHeaders(h) => {
+                if h.end_of_stream {
+                    return self
+                        .reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest)
+                        .await;
+                }
+                if s.buffered {
+                    send(out, reply::headers_ok()).await;
+                }
+                false
+            }
+            In::RequestBody(b) => {
+                let cap = self.published.gateway().max_body_bytes;
+                if s.body.len() + b.body.len() > cap {
+                    let why = format!("the request body is above gateway.max_body_bytes = {cap} bytes");
+                    return self.reject(s, out, why, 413, Outcome::RejectedTooLarge).await;
+                }
+                s.body.extend_from_slice(&b.body);
+                if !b.end_of_stream {
+                    return false;
+                }
+                self.pick(s, out).await
+            }
+            In::ResponseHeaders(h) => {
+                let (status, served) = reply::response_facts(h.headers.as_ref(), SERVED);
+                let gateway = self.published.gateway();
+                let dp = self.published.state().ranks.len() as u32;
+                s.served = served.and_then(|ep| {
+                    let mut ranks = gateway.ranks_of(&ep, dp);
+                    let first = ranks.next();
+                    // One endpoint for every rank (the rank header): the pick stands.
+                    if gateway.rank_header.is_some() {
+                        s.placed
+                    } else {
+                        first
+                    }
+                });
+                if let (Some(code), Some(rank)) = (status, s.served.or(s.placed)) {
+                    if code >= 500 {
+                        self.metrics.rank_error(rank, "status_5xx");
+                    }
+                }
+                send(out, reply::response_headers_ok()).await;
+                if h.end_of_stream {
+                    return self.complete(s).await;
+                }
+                false
+            }
+            In::ResponseBody(b) => {
+                send(out, reply::response_body(&b, s.response_streamed)).await;
+                if b.end_of_stream {
+                    return self.complete(s).await;
+                }
+                false
+            }
+            In::RequestTrailers(_) => {
+                send(out, reply::request_trailers_ok()).await;
+                false
+            }
+            In::ResponseTrailers(_) => {
+                send(out, reply::response_trailers_ok()).await;
+                self.complete(s).await
+            }
+        }
+    }
+
+    /// The whole body is in: parse, ask the coordinator, answer the gateway.
+    async fn pick(&self, s: &mut Stream, out: &Out) -> bool {
+        let parsed = match body::parse(&s.body) {
+            Ok(p) => p,
+            Err(e) => return self.reject(s, out, e.to_string(), 400, Outcome::RejectedBadRequest).await,
+        };
+        let gateway = self.published.gateway();
+        let dp = self.published.state().ranks.len() as u32;
+        let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {
+            Ok(among) => among,
+            Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
+        };
+        let q = Query {
+            op: "route",
+            prompt_tokens: Some(parsed.prompt.estimated_tokens()),
+            session: parsed.user.clone(),
+            among: Some(among),
+            ..Query::default()
+        };
+        let Some(r) = self.bridge.ask(q).await else {
+            return self
+                .reject(s, out, "dpcoord's coordinator is not answering".into(), 500, Outcome::RejectedError)
+                .await;
+        };
+        let rank = match (r.ok, r.ranks.first(), r.error) {
+            (true, Some(&rank), _) => rank,
+            (_, _, Some(e)) if e.code == "no_engine_available" || e.code == "rank_unavailable" => {
+                return self.reject(s, out, e.message, 503, Outcome::RejectedNoRank).await
+            }
+            (_, _, e) => {
+                let why = e.map_or("no rank in the reply".into(), |e| format!("{}: {}", e.code, e.message));
+                return self.reject(s, out, why, 500, Outcome::RejectedError).await;
+            }
+        };
+        let Some(endpoint) = gateway.endpoint(rank) else {
+            return self.reject(s, out, format!("rank {rank} has no endpoint"), 503, Outcome::RejectedNoRank).await;
+        };
+        s.placed = Some(rank);
+        self.metrics.outcome(Outcome::Routed);
+        let pick = Pick { endpoint, rank, rank_header: gateway.rank_header.as_deref() };
+        for m in reply::picked(&pick, std::mem::take(&mut s.body), s.buffered) {
+            send(out, m).await;
+        }
+        false
+    }
+
+    /// An immediate response: nothing was booked, the stream is over.
+    async fn reject(&self, s: &mut Stream, out: &Out, why: String, code: u16, o: Outcome) -> bool {
+        self.metrics.outcome(o);
+        s.finished = true;
+        send(out, reply::immediate(code, &why)).await;
+        true
+    }
+
+    /// The response is over: the placement is complete.
+    async fn complete(&self, s: &mut Stream) -> bool {
+        if let (Some(placed), false) = (s.placed, s.finished) {
+            s.finished = true;
+            self.finish(s.served.unwrap_or(placed), placed).await;
+        }
+        true
+    }
+
+    async fn finish(&self, rank: u32, placed: u32) {
+        let q =
+            Query { op: "finished", rank: Some(rank), placed: (placed != rank).then_some(placed), ..Query::default() };
+        if self.bridge.ask(q).await.is_none_or(|r| !r.ok) {
+            tracing::debug!(rank, "a finished request was not booked");
+        }
+    }
+}
+
+async fn send(out: &Out, m: ep::ProcessingResponse) {
+    // The gateway closed its stream: nothing is waiting for the answer.
+    let _ = out.send(Ok(m)).await;
+}

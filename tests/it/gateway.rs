@@ -1,0 +1,99 @@
+//! The gateway endpoint picker's configuration errors (the real binary,
+//! exit 2, the key named) and the route socket's additions it rests on:
+//! `among` and `finished` (docs/PROTOCOL.md §4, §6). The picker's gRPC
+//! stream itself is driven from Envoy's protos in
+//! clients/python/tests/test_gateway_epp.py.
+
+use serde_json::json;
+
+use crate::common::*;
+
+/// `check-config FILE` and the daemon on it: both exit 2 saying `why`.
+fn refused(toml: &str, why: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, toml).unwrap();
+    let path = path.to_str().unwrap();
+    let (code, err) = run_to_end(&["check-config", path]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(why), "{err}");
+    let (code, err) = run_to_end(&["--config", path, "--metrics-bind", &free_addr().to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(why), "{err}");
+}
+
+#[test]
+fn a_bad_picker_configuration_is_refused_naming_the_key() {
+    let eps = r#"[gateway]
+endpoints = ["10.0.0.1:8000", "10.0.0.2:8000"]
+"#;
+    refused(
+        &format!("[server]\nepp_bind = \"nope\"\n[engines]\ndp_size = 2\n{eps}"),
+        "server.epp_bind: `nope` is not HOST:PORT",
+    );
+    refused(
+        "[server]\nepp_bind = \"127.0.0.1:9002\"\n",
+        "gateway.endpoints: server.epp_bind is set: name each rank's host:port here",
+    );
+    refused(
+        &format!("[engines]\ndp_size = 3\n{eps}"),
+        "gateway.endpoints: 2 endpoints for engines.dp_size = 3: one per rank, in rank order",
+    );
+    refused(
+        &format!("[engines]\ndp_size = 2\n{eps}rank_header = \"x-data-parallel-rank\"\n"),
+        "gateway.endpoints: 2 endpoints with gateway.rank_header: one endpoint serves every rank",
+    );
+    refused("[gateway]\nendpoints = [\"no-port\"]\n", "gateway.endpoints: `no-port` is not HOST:PORT");
+    refused("[gateway]\nrank_header = \"a b\"\n", "gateway.rank_header: `a b` is not a header name");
+}
+
+#[test]
+fn a_busy_picker_port_stops_start_up_naming_the_key() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let addr = busy.local_addr().unwrap();
+    std::fs::write(
+        &path,
+        format!("[server]\nepp_bind = \"{addr}\"\n[engines]\ndp_size = 1\n[gateway]\nendpoints = [\"a:1\"]\n"),
+    )
+    .unwrap();
+    let (code, err) = run_to_end(&["--config", path.to_str().unwrap(), "--metrics-bind", &free_addr().to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr} (server.epp_bind)")), "{err}");
+}
+
+#[test]
+fn among_restricts_the_pick_and_finished_completes_it() {
+    let d = Daemon::frozen_up("3", &[0, 1, 2]);
+    let c = d.client();
+    let route = |among: &[u64]| c.route(json!({"v": 1, "op": "route", "among": among}));
+    for _ in 0..3 {
+        assert_eq!(route(&[2]), vec![2]);
+    }
+    assert_eq!(route(&[0, 1]), vec![0]);
+    assert_eq!(route(&[0, 1]), vec![1]);
+    assert_eq!(d.routed_pending(), vec![(1, 1), (1, 1), (3, 3)]);
+    let r = c.call(json!({"v": 1, "op": "route", "among": [7]}));
+    assert_eq!(r["error"]["code"], json!("invalid_rank"), "{r}");
+    let r = c.call(json!({"v": 1, "op": "route", "among": "2"}));
+    assert_eq!(r["error"]["code"], json!("bad_request"), "{r}");
+    // Finished on the rank placed: pending falls at once.
+    let ok = |q| assert_eq!(c.call(q)["ok"], json!(true));
+    ok(json!({"v": 1, "op": "finished", "rank": 2, "n": 2}));
+    // Served by rank 0 instead of rank 1: the placement moves and is over.
+    ok(json!({"v": 1, "op": "finished", "rank": 0, "placed": 1}));
+    assert_eq!(d.routed_pending(), vec![(2, 1), (0, 0), (3, 1)]);
+    let r = c.call(json!({"v": 1, "op": "finished"}));
+    assert_eq!(r["error"]["code"], json!("bad_request"), "{r}");
+    let r = d.health_client().call(json!({"v": 1, "op": "finished", "rank": 0}));
+    assert_eq!(r["error"]["code"], json!("unknown_op"), "{r}");
+}
+
+#[test]
+fn among_with_no_routable_rank_is_no_engine_available() {
+    let d = Daemon::frozen_up("3", &[0]);
+    let r = d.client().call(json!({"v": 1, "op": "route", "among": [1, 2]}));
+    assert_eq!(r["error"]["code"], json!("no_engine_available"), "{r}");
+    assert_eq!(d.routed_pending(), vec![(0, 0); 3]);
+}
