@@ -211,7 +211,7 @@ impl UserDispatcher {
         engines: &EngineTable,
         prefix: Option<&PrefixView<'_>>,
         now: Instant,
-        out: &mut Vec<u32>,
+        out: &mut Vec<Placement>,
     ) -> Result<(), Unroutable> {
         out.clear();
         self.guarded = false;
