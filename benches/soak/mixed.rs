@@ -56,7 +56,7 @@ fn prober(d: &Dpcoord, qps: f64, stop: &AtomicBool) -> u64 {
     while !stop.load(Ordering::Relaxed) {
         let r = call(&c, &json!({"v": 1, "op": "health_route"})).expect("a health query was not answered");
         if let Some(rank) = r["rank"].as_u64() {
-            let report = json!({"v": 1, "op": "health_report", "rank": rank, "ok": i % 20 != 0});
+            let report = json!({"v": 1, "op": "health_report", "rank": rank, "ok": !i.is_multiple_of(20)});
             call(&c, &report).expect("a health report was not answered");
         }
         i += 1;

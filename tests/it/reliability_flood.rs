@@ -96,7 +96,7 @@ fn common_junk(rng: &mut SmallRng, k: u64, valid: &[u8]) -> Junk {
 fn route_junk(rng: &mut SmallRng, k: u64) -> Junk {
     let q = |extra: &[(&str, M)]| query("route", k, extra);
     let refused = |body, code| Junk { body: vec![body], code };
-    if k % 512 == 0 {
+    if k.is_multiple_of(512) {
         return refused(q(&[("pad", M::Binary(vec![0; 70_000]))]), "too_large");
     }
     match k % 11 {
@@ -407,7 +407,7 @@ fn dealers_that_never_read_lose_their_own_replies_and_hold_up_no_one() {
             let r: Value = rmp_serde::from_slice(&reply[1]).unwrap();
             assert_eq!(r["ok"], json!(true), "{r}");
             let id = r["id"].as_u64().unwrap();
-            assert!(last.map_or(true, |l| id > l), "replies out of order: {id} after {last:?}");
+            assert!(last.is_none_or(|l| id > l), "replies out of order: {id} after {last:?}");
             last = Some(id);
             got += 1;
         }

@@ -203,7 +203,7 @@ fn an_oversized_kv_batch_closes_the_link_and_dpcoord_connects_it_again() {
     assert_eq!(reconnects(&d, "kv_events", &ep), Some(0.0));
 
     // One byte over max_batch_bytes: read, its seq counted, the batch dropped.
-    let over: Vec<u8> = stored(1, 1).into_iter().chain(std::iter::repeat(0).take(KV_MAX)).collect();
+    let over: Vec<u8> = stored(1, 1).into_iter().chain(std::iter::repeat_n(0, KV_MAX)).collect();
     assert!(over.len() > KV_MAX && over.len() < KV_MAX + SLACK);
     send(&over);
     eventually("the batch over the limit dropped", || (kv(&d, malformed) == 1.0).then_some(()));
@@ -212,7 +212,7 @@ fn an_oversized_kv_batch_closes_the_link_and_dpcoord_connects_it_again() {
 
     // Above libzmq's limit: the link closes and dpcoord connects it again;
     // the blocks that frame stores are never applied.
-    let huge: Vec<u8> = stored(11, 1).into_iter().chain(std::iter::repeat(0).take(KV_MAX + SLACK)).collect();
+    let huge: Vec<u8> = stored(11, 1).into_iter().chain(std::iter::repeat_n(0, KV_MAX + SLACK)).collect();
     send(&huge);
     eventually("the link connected again", || (reconnects(&d, "kv_events", &ep) == Some(1.0)).then_some(()));
     let mut next = 21;
@@ -362,7 +362,7 @@ fn a_kv_publisher_flooding_maximum_and_oversized_batches_stays_under_the_ceiling
     eventually("each link closed by an oversized frame and connected again, more than once", || {
         for _ in 0..10 {
             seq += 1;
-            let payload = if seq % 10 == 0 { &huge } else { &max };
+            let payload = if seq.is_multiple_of(10) { &huge } else { &max };
             publ.send_multipart([&b""[..], &seq.to_be_bytes(), payload], 0).unwrap();
         }
         let r = client.call(json!({"v": 1, "op": "route", "id": seq}));

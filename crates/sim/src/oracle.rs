@@ -26,7 +26,7 @@ pub fn pick(engines: &[SimEngine], ranks: u32, p: &Prompt, block: u32, w: CacheW
         let cached = engines[r].cached_blocks(&p.hashes[..blocks]) as u64 * u64::from(block);
         let uncached = u64::from(p.prompt_len).saturating_sub(cached) as f64;
         let cost = load(r) + if guard { 0.0 } else { w.prefill * uncached } + 1.0;
-        if best.map_or(true, |(c, _)| cost < c) {
+        if best.is_none_or(|(c, _)| cost < c) {
             best = Some((cost, r as u32));
         }
     }

@@ -143,7 +143,8 @@ fn placements(out: &mut String, f: &Frame, arm: &ArmResult, v_max: f64) {
     let (x, y) = (f.x, f.y);
     // Placements are whole numbers: so are the ticks.
     let step = nice_step(v_max, 4.0).max(1.0) as u64;
-    let top = v_max.max(1.0).div_euclid(step as f64) as u64 * step + step * u64::from(v_max as u64 % step > 0);
+    let top =
+        v_max.max(1.0).div_euclid(step as f64) as u64 * step + step * u64::from(!(v_max as u64).is_multiple_of(step));
     let py = |v: u64| y + PANEL_H - v as f64 / top.max(1) as f64 * PANEL_H;
     for v in (0..=top).step_by(step as usize) {
         let _ = write!(

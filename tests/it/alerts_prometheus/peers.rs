@@ -67,7 +67,7 @@ impl Engines {
             while !s.load(Ordering::Relaxed) {
                 let now = Instant::now();
                 for feed in f.lock().unwrap().iter_mut() {
-                    if feed.every.is_some_and(|p| feed.last.map_or(true, |t| now - t >= p)) {
+                    if feed.every.is_some_and(|p| feed.last.is_none_or(|t| now - t >= p)) {
                         send(feed);
                         feed.last = Some(now);
                     }

@@ -171,7 +171,7 @@ impl Relinks {
     /// Connects again every link closed at least [`GRACE`] ago that libzmq did not retry.
     pub fn reconnect_due(&mut self, links: &[Link], sources: &[Source], now: Instant) {
         for (state, link) in self.states.iter_mut().zip(links) {
-            if !state.closed.is_some_and(|t| now.saturating_duration_since(t) >= GRACE) {
+            if state.closed.is_none_or(|t| now.saturating_duration_since(t) < GRACE) {
                 continue;
             }
             state.closed = None;

@@ -76,7 +76,7 @@ fn answer(zap: &zmq::Socket, coord: &Coordinator, gate: &mut Gate<'_>) -> Result
         "health" => 1,
         _ => 2,
     };
-    let listed = coord.allowlist(req.domain).map_or(true, |list| list.is_empty() || list.allows(req.address));
+    let listed = coord.allowlist(req.domain).is_none_or(|list| list.is_empty() || list.allows(req.address));
     // TCP peers beyond the caps are closed when accepted (`io::peers`;
     // its answer then never reaches one); an ipc peer has no address and is
     // held to the socket's cap here.

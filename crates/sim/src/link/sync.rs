@@ -69,7 +69,7 @@ impl Link {
             return true;
         }
         let (taken, sent) = self.counted_from;
-        self.taken().map_or(true, |t| t.saturating_sub(taken) >= self.sent() - sent)
+        self.taken().is_none_or(|t| t.saturating_sub(taken) >= self.sent() - sent)
     }
 
     /// KV batches dpcoord has taken, whatever their outcome.

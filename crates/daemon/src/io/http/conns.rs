@@ -249,7 +249,7 @@ pub async fn serve(
             Err(e) => {
                 // Out of descriptors (EMFILE, ENFILE) or a connection reset
                 // before it was accepted: wait a little rather than spin.
-                if last_warned.map_or(true, |t| t.elapsed() >= Duration::from_secs(10)) {
+                if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     tracing::warn!(error = %e, "cannot accept an HTTP connection");
                     last_warned = Some(Instant::now());
                 }

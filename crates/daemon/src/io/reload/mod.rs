@@ -174,7 +174,7 @@ impl Reloads {
             // Only a panic in the read ends the thread while `jobs` is open.
             Err(TryRecvError::Disconnected) => Some(Err(err("config", "the reader thread has ended"))),
         };
-        if read.is_none() && self.next_due().map_or(true, |due| now < due) {
+        if read.is_none() && self.next_due().is_none_or(|due| now < due) {
             return;
         }
         let what = reader.what.clone();
