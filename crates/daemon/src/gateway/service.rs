@@ -121,7 +121,7 @@ impl Picker {
             In::ResponseHeaders(h) => {
                 let (status, served) = reply::response_facts(h.headers.as_ref(), SERVED);
                 let gateway = self.published.gateway();
-                let dp = self.published.state().ranks.len() as u32;
+                let dp = self.published.dp_size();
                 s.served = served.and_then(|ep| {
                     let mut ranks = gateway.ranks_of(&ep, dp);
                     let first = ranks.next();
@@ -168,7 +168,8 @@ impl Picker {
             Err(e) => return self.reject(s, out, e.to_string(), 400, Outcome::RejectedBadRequest).await,
         };
         let gateway = self.published.gateway();
-        let dp = self.published.state().ranks.len() as u32;
+        let dp = self.published.dp_size();
+
         let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {
             Ok(among) => among,
             Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
