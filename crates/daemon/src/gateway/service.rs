@@ -23,8 +23,9 @@ use crate::routing::Published;
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 /// The header the gateway adds to the response: the endpoint that served it.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
-/// Envoy's `BodySendMode::BUFFERED`.
-const BUFFERED: i32 = 2;
+/// Envoy's `BodySendMode::BUFFERED` and `BUFFERED_PARTIAL`: the body in
+/// one message, after the headers were answered.
+const BUFFERED: [i32; 2] = [2, 3];
 /// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
 const FULL_DUPLEX: i32 = 4;
 
@@ -70,7 +71,7 @@ impl Picker {
         let mut s = Stream::default();
         while let Ok(Some(msg)) = input.message().await {
             if let Some(cfg) = msg.protocol_config {
-                s.buffered = cfg.request_body_mode == BUFFERED;
+                s.buffered = BUFFERED.contains(&cfg.request_body_mode);
                 s.response_streamed = cfg.response_body_mode == FULL_DUPLEX;
             }
             if s.subset.is_none() {
