@@ -25,18 +25,23 @@ SERVED = "x-gateway-destination-endpoint-served"
 BODY = json.dumps({"model": "m", "prompt": "hello " * 40}).encode()
 
 
-def start(start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20):
-    port = free_port()
-    eps = endpoints if endpoints is not None else [A, B, C][:dp]
-    cfg = tmp_path / f"epp-{port}.toml"
-    cfg.write_text(
+def config(port: int, dp: int, eps: list[str], rank_header: str = "", cap: int = 4 << 20, max_dp: int = 0) -> str:
+    return (
         f'[server]\nepp_bind = "127.0.0.1:{port}"\n'
-        f"[engines]\ndp_size = {dp}\n"
+        f"[engines]\ndp_size = {dp}\nmax_dp_size = {max_dp}\n"
         # Placements stay pending until finished: the test sees exactly what the picker booked.
         "[routing]\npending_ttl_ms = 600000\n"
         f"[gateway]\nendpoints = {json.dumps(eps)}\nrank_header = {json.dumps(rank_header)}\nmax_body_bytes = {cap}\n"
     )
+
+
+def start(start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20, max_dp=0):
+    port = free_port()
+    eps = endpoints if endpoints is not None else [A, B, C][:dp]
+    cfg = tmp_path / "epp.toml"
+    cfg.write_text(config(port, dp, eps, rank_header, cap, max_dp))
     d = start_daemon("--config", str(cfg))
+    d.epp_port, d.epp_config = port, cfg
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=DEADLINE)
     return d, channel
@@ -269,3 +274,24 @@ def test_a_reset_mid_body_books_nothing_and_one_after_the_pick_completes(start_d
     s.call.cancel()
     eventually("pending falls", lambda: pending(d) == [0, 0])
     assert d.metric("dpcoord_gateway_rank_errors_total", f'dp_rank="{rank}",kind="reset"') == 1
+
+
+def test_a_rank_without_an_endpoint_is_never_picked_until_a_reload_names_it(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, max_dp=3)
+    assert d.call("health", {"v": 1, "op": "resize", "dp_size": 3})["ok"]
+    bring_up(d, engines, [0, 1, 2])
+
+    def pick() -> str:
+        s = Stream(ch)
+        request(s)
+        endpoint, _ = picked(s)
+        respond(s, endpoint)
+        return endpoint
+
+    assert sorted(pick() for _ in range(4)) == [A, A, B, B], "rank 2 has no endpoint"
+    assert routed(d)[2] == 0
+    d.epp_config.write_text(config(d.epp_port, 3, [A, B, C], max_dp=3))
+    r = d.call("health", {"v": 1, "op": "reload"})
+    assert r["ok"], r
+    assert sorted(pick() for _ in range(3)) == [A, B, C]
+    eventually("done", lambda: pending(d) == [0, 0, 0])

@@ -10,6 +10,8 @@
 //! - `routing`: the coordinator and the user side (dispatcher, policies, ledgers, sessions)
 //! - `health`: the health channel, which sees engines through a narrow handle only
 //! - `io`: ZeroMQ sockets, the HTTP server, the daemon's thread
+//! - `gateway`: the Kubernetes gateway endpoint picker (Envoy ext_proc over
+//!   gRPC), which asks the coordinator through the route socket
 //! - `observability`: Prometheus metrics and rate-limited logging
 //! - `config`: TOML + flags -> checked settings
 //!

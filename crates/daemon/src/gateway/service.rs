@@ -23,8 +23,9 @@ use crate::routing::Published;
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 /// The header the gateway adds to the response: the endpoint that served it.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
-/// Envoy's `BodySendMode::BUFFERED`.
-const BUFFERED: i32 = 2;
+/// Envoy's `BodySendMode::BUFFERED` and `BUFFERED_PARTIAL`: the body in
+/// one message, after the headers were answered.
+const BUFFERED: [i32; 2] = [2, 3];
 /// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
 const FULL_DUPLEX: i32 = 4;
 
@@ -70,7 +71,7 @@ impl Picker {
         let mut s = Stream::default();
         while let Ok(Some(msg)) = input.message().await {
             if let Some(cfg) = msg.protocol_config {
-                s.buffered = cfg.request_body_mode == BUFFERED;
+                s.buffered = BUFFERED.contains(&cfg.request_body_mode);
                 s.response_streamed = cfg.response_body_mode == FULL_DUPLEX;
             }
             if s.subset.is_none() {
@@ -121,7 +122,7 @@ impl Picker {
             In::ResponseHeaders(h) => {
                 let (status, served) = reply::response_facts(h.headers.as_ref(), SERVED);
                 let gateway = self.published.gateway();
-                let dp = self.published.state().ranks.len() as u32;
+                let dp = self.published.dp_size();
                 s.served = served.and_then(|ep| {
                     let mut ranks = gateway.ranks_of(&ep, dp);
                     let first = ranks.next();
@@ -168,7 +169,8 @@ impl Picker {
             Err(e) => return self.reject(s, out, e.to_string(), 400, Outcome::RejectedBadRequest).await,
         };
         let gateway = self.published.gateway();
-        let dp = self.published.state().ranks.len() as u32;
+        let dp = self.published.dp_size();
+
         let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {
             Ok(among) => among,
             Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,

@@ -3,6 +3,7 @@
 //! every tick, and the gateway's endpoints of the settings in force.
 //! Routing state itself is never shared.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::Gateway;
@@ -12,6 +13,9 @@ use crate::wire::StateView;
 pub struct Published {
     state: Mutex<Arc<StateView>>,
     gateway: Mutex<Arc<Gateway>>,
+    /// The rank count in force, set the moment it changes (the snapshot
+    /// follows at the next tick).
+    dp_size: AtomicU32,
 }
 
 fn read<T>(m: &Mutex<Arc<T>>) -> Arc<T> {
@@ -46,5 +50,14 @@ impl Published {
 
     pub(super) fn set_gateway(&self, gateway: Gateway) {
         write(&self.gateway, gateway)
+    }
+
+    /// The rank count in force now.
+    pub fn dp_size(&self) -> u32 {
+        self.dp_size.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_dp_size(&self, dp_size: u32) {
+        self.dp_size.store(dp_size, Ordering::Relaxed)
     }
 }

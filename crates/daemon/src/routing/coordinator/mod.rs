@@ -138,6 +138,7 @@ impl Coordinator {
         };
         c.published.set(c.state_view(now));
         c.published.set_gateway(settings.gateway.clone());
+        c.published.set_dp_size(settings.engines.dp_size);
         c
     }
 
@@ -227,6 +228,7 @@ impl Coordinator {
         }
         tracing::info!(from = self.engines.dp_size(), to = dp_size, "dp_size changed");
         self.engines.resize(dp_size);
+        self.published.set_dp_size(dp_size);
         self.warn_unmapped();
         self.user.resize(dp_size);
         self.health.resize(dp_size);

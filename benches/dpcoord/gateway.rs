@@ -1,0 +1,109 @@
+//! Gateway: the endpoint picker's decision against the `route` op, the same
+//! daemon in the same run. A pick is timed from the request body's end of
+//! stream (sent over an open `ext_proc` stream, as Envoy does) to the
+//! picker's answer with the endpoint; a route is one REQ round trip on the
+//! route socket. The picker's own cost is the difference: gRPC, the JSON
+//! body, and the in-process hop to the same routing thread. Bodies: a
+//! short prompt and one of about 8k tokens (32 KiB of text; no tokenizer
+//! yet, so its length is estimated from bytes).
+
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use ep::external_processor_client::ExternalProcessorClient;
+use ep::processing_request::Request as In;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::report::{num, ratio, Report, Table};
+use crate::support::{call, req_socket, route_query, Daemon, Latencies};
+use crate::Mode;
+
+const DP: u32 = 8;
+/// `BodySendMode::FULL_DUPLEX_STREAMED`.
+const FULL_DUPLEX: i32 = 4;
+
+fn body(prompt_bytes: usize) -> Vec<u8> {
+    let prompt = "lorem ipsum ".repeat(prompt_bytes / 12 + 1);
+    serde_json::json!({"model": "m", "prompt": prompt}).to_string().into_bytes()
+}
+
+fn message(r: In) -> ep::ProcessingRequest {
+    let config = ep::ProtocolConfiguration {
+        request_body_mode: FULL_DUPLEX,
+        response_body_mode: FULL_DUPLEX,
+        ..Default::default()
+    };
+    ep::ProcessingRequest { request: Some(r), protocol_config: Some(config), ..Default::default() }
+}
+
+/// One request through the picker; the time from the body's end to the pick.
+async fn pick(client: &mut ExternalProcessorClient<tonic::transport::Channel>, body: &[u8]) -> Duration {
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(message(In::RequestHeaders(ep::HttpHeaders::default()))).await.expect("open stream");
+    let mut replies = client.process(ReceiverStream::new(rx)).await.expect("ext_proc stream").into_inner();
+    let start = Instant::now();
+    let end = ep::HttpBody { body: body.to_vec(), end_of_stream: true, ..Default::default() };
+    tx.send(message(In::RequestBody(end))).await.expect("send the body");
+    let first = replies.message().await.expect("a reply").expect("the pick");
+    let took = start.elapsed();
+    assert!(matches!(first.response, Some(ep::processing_response::Response::RequestHeaders(_))), "{first:?}");
+    replies.message().await.expect("the body back");
+    // The response ends: the placement completes (pending back to zero).
+    tx.send(message(In::ResponseHeaders(ep::HttpHeaders::default()))).await.expect("response headers");
+    let done = ep::HttpBody { end_of_stream: true, ..Default::default() };
+    tx.send(message(In::ResponseBody(done))).await.expect("response end");
+    while let Ok(Some(_)) = replies.message().await {}
+    took
+}
+
+pub fn run(mode: Mode, report: &mut Report) {
+    let n = if mode == Mode::Full { 3000 } else { 20 };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("epp.toml");
+    let endpoints: Vec<String> = (0..DP).map(|r| format!("\"10.0.0.{r}:8000\"")).collect();
+    std::fs::write(
+        &cfg,
+        format!("[server]\nepp_bind = \"127.0.0.1:{port}\"\n[gateway]\nendpoints = [{}]\n", endpoints.join(", ")),
+    )
+    .expect("write the config");
+    let d = Daemon::start(DP, &["--config", cfg.to_str().expect("utf-8 path"), "--policy", "least_load"]);
+    d.bring_up(&[d.publisher(&d.ctx)], DP);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut client = rt
+        .block_on(ExternalProcessorClient::connect(format!("http://127.0.0.1:{port}")))
+        .expect("connect to the picker");
+    let route = req_socket(&d.ctx, &d.route);
+    let q = route_query();
+    let mut t = Table::new(
+        format!("gateway: picker decision vs the route op ({DP} ranks, least_load, {n} sequential each, same daemon)"),
+        &["path", "p50 us", "p99 us", "p50 vs route"],
+    );
+    let mut routes = Latencies::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        call(&route, &q).expect("a route reply");
+        routes.push(t0.elapsed());
+    }
+    let base = routes.quantile_us(0.5);
+    t.row(vec!["route op (REQ)".into(), num(base, 1), num(routes.quantile_us(0.99), 1), "1.00x".into()]);
+    let mut worst = 0.0f64;
+    for (what, bytes) in [("picker, short prompt", 64), ("picker, ~8k-token prompt (32 KiB)", 32 << 10)] {
+        let b = body(bytes);
+        let mut picks = Latencies::with_capacity(n);
+        for _ in 0..n {
+            picks.push(rt.block_on(pick(&mut client, &b)));
+        }
+        let p50 = picks.quantile_us(0.5);
+        worst = worst.max(p50 / base);
+        t.row(vec![what.into(), num(p50, 1), num(picks.quantile_us(0.99), 1), ratio(p50, base)]);
+    }
+    t.print();
+    report.target(
+        "gateway picker decision p50 vs the route op's round trip (same run)",
+        "measured (no target yet)",
+        format!("{worst:.2}x at worst"),
+        true,
+    );
+}
