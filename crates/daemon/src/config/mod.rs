@@ -109,12 +109,15 @@ pub struct Gateway {
 
 impl Gateway {
     /// The endpoint the gateway sends `rank`'s requests to; `None` for a
-    /// rank without one (not eligible through the gateway).
+    /// rank without one (not eligible through the gateway). An empty entry
+    /// is none: the picker's resolved copy has one for a name that does not
+    /// resolve now (a configured one is never empty).
     pub fn endpoint(&self, rank: u32) -> Option<&str> {
-        match self.rank_header {
-            Some(_) => self.endpoints.first().map(String::as_str),
-            None => self.endpoints.get(rank as usize).map(String::as_str),
-        }
+        let e = match self.rank_header {
+            Some(_) => self.endpoints.first(),
+            None => self.endpoints.get(rank as usize),
+        };
+        e.map(String::as_str).filter(|e| !e.is_empty())
     }
 
     /// The ranks of `dp_size` that an endpoint serves.

@@ -8,6 +8,7 @@
 //!
 //! - `body.rs`: the OpenAI request body (`model`, the prompt, `user`)
 //! - `bridge.rs`: the thread between the gRPC tasks and the route socket
+//! - `endpoints.rs`: `gateway.endpoints` as addresses (names resolved)
 //! - `service.rs`: one request's `ext_proc` stream
 //! - `reply.rs`: the `ext_proc` messages the picker answers with
 //! - `subset.rs`: eligible ranks (endpoints, the gateway's subset hint)
@@ -15,6 +16,7 @@
 
 pub mod body;
 pub mod bridge;
+mod endpoints;
 pub mod metrics;
 mod reply;
 pub mod service;
@@ -66,7 +68,8 @@ pub fn spawn(
     published: Arc<Published>,
     metrics: metrics::GatewayMetrics,
 ) -> Server {
-    let picker = service::Picker { bridge, published: Arc::clone(&published), metrics };
+    let endpoints = Arc::new(endpoints::Endpoints::new(published.gateway()));
+    let picker = service::Picker { bridge, published: Arc::clone(&published), endpoints, metrics };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::bridge::{Bridge, Query};
+use super::endpoints::Endpoints;
 use super::metrics::{GatewayMetrics, Outcome};
 use super::reply::{self, Pick};
 use super::{body, subset};
@@ -33,6 +34,8 @@ const FULL_DUPLEX: i32 = 4;
 pub struct Picker {
     pub bridge: Bridge,
     pub published: Arc<Published>,
+    /// `gateway.endpoints` as addresses.
+    pub endpoints: Arc<Endpoints>,
     pub metrics: GatewayMetrics,
 }
 
@@ -121,7 +124,7 @@ impl Picker {
             }
             In::ResponseHeaders(h) => {
                 let (status, served) = reply::response_facts(h.headers.as_ref(), SERVED);
-                let gateway = self.published.gateway();
+                let gateway = self.endpoints.resolved(self.published.gateway());
                 let dp = self.published.dp_size();
                 s.served = served.and_then(|ep| {
                     let mut ranks = gateway.ranks_of(&ep, dp);
@@ -168,7 +171,7 @@ impl Picker {
             Ok(p) => p,
             Err(e) => return self.reject(s, out, e.to_string(), 400, Outcome::RejectedBadRequest).await,
         };
-        let gateway = self.published.gateway();
+        let gateway = self.endpoints.resolved(self.published.gateway());
         let dp = self.published.dp_size();
 
         let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {

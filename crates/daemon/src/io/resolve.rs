@@ -104,11 +104,19 @@ impl Resolver {
         Arc::clone(&self.table.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// New endpoints (a reload): resolved at once on this thread, so the
-    /// next reader sees them, and from then on by the thread.
-    pub fn set(&self, endpoints: Vec<String>) {
-        let before = self.addresses();
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = resolve_all(&endpoints, &before);
+    /// New endpoints (a reload). The caller never waits on a lookup: IP
+    /// literals are in the table before this returns, a name kept at its
+    /// place keeps its address, and the thread looks up the rest at once.
+    pub fn set(&self, endpoints: Vec<String>, before: &[String]) {
+        let old = self.addresses();
+        let table: Addresses = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                literal(ep).or_else(|| (before.get(i) == Some(ep)).then(|| old.get(i).copied().flatten())?)
+            })
+            .collect();
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
         if let Some(tx) = &self.tx {
             let _ = tx.send(endpoints);
         }
@@ -153,9 +161,25 @@ mod tests {
     }
 
     #[test]
+    fn a_name_kept_at_its_place_keeps_its_address_until_looked_up_again() {
+        let r = Resolver::with_interval(strings(&["localhost:7"]), EVERY);
+        let local = r.addresses()[0].expect("localhost resolves");
+        // Moved to another place, it waits for the thread; kept, it stays.
+        r.set(strings(&["10.0.0.1:1", "localhost:7"]), &strings(&["localhost:7"]));
+        assert_eq!(r.addresses()[0], Some("10.0.0.1:1".parse().unwrap()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while r.addresses()[1].is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(r.addresses()[1], Some(local), "the thread looked it up");
+        r.set(strings(&["10.0.0.1:1", "localhost:7"]), &strings(&["10.0.0.1:1", "localhost:7"]));
+        assert_eq!(r.addresses()[1], Some(local), "kept at once");
+    }
+
+    #[test]
     fn set_replaces_the_table_before_it_returns_and_the_thread_keeps_it() {
         let r = Resolver::with_interval(strings(&["127.0.0.1:1"]), Duration::from_millis(5));
-        r.set(strings(&["127.0.0.2:2", "127.0.0.3:3"]));
+        r.set(strings(&["127.0.0.2:2", "127.0.0.3:3"]), &strings(&["127.0.0.1:1"]));
         let want: Vec<Option<SocketAddr>> =
             vec![Some("127.0.0.2:2".parse().unwrap()), Some("127.0.0.3:3".parse().unwrap())];
         assert_eq!(&r.addresses()[..], &want[..]);
