@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod engines;
+pub mod gateway;
 pub mod health;
 pub mod io;
 pub mod observability;
