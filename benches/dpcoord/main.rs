@@ -3,7 +3,7 @@
 //! `cargo bench --bench dpcoord [-- PART...]` runs the full benchmark (cargo
 //! passes `--bench`) and prints one table per part plus a table of targets.
 //! Parts: `transport`, `decision`, `ingest`, `memory`, `prefix`, `heavy`,
-//! `health_flood`; a filter selects the
+//! `health_flood`, `gateway_prompt`; a filter selects the
 //! parts whose name contains it. Without `--bench` (as `cargo test
 //! --all-targets` runs it) every part does a tiny bounded smoke run instead,
 //! about a second in all, and no target is judged.
@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+mod gateway_prompt;
 mod health_flood;
 mod heavy;
 mod ingest;
@@ -38,7 +39,7 @@ pub enum Mode {
 /// One benchmark part: it prints its table and records its targets.
 type Part = fn(Mode, &mut Report);
 
-const PARTS: [(&str, Part); 7] = [
+const PARTS: [(&str, Part); 8] = [
     ("transport", transport::run),
     ("decision", decision::run),
     ("ingest", ingest::run),
@@ -46,6 +47,7 @@ const PARTS: [(&str, Part); 7] = [
     ("prefix", prefix::run),
     ("heavy", heavy::run),
     ("health_flood", health_flood::run),
+    ("gateway_prompt", gateway_prompt::run),
 ];
 
 fn main() {
