@@ -99,7 +99,8 @@ pub fn run(mode: Mode, report: &mut Report) {
         text(paragraphs).len(),
         num(load_ms, 0)
     );
-    let mut table = Table::new(title, &["mode", "prompt", "p50 us", "p99 us", "ns/token", "vs tokenizer completion"]).text_columns(2);
+    let mut table = Table::new(title, &["mode", "prompt", "p50 us", "p99 us", "ns/token", "vs tokenizer completion"])
+        .text_columns(2);
     let base = rows[0].2.quantile_us(0.5);
     let mut p50 = Vec::new();
     for (m, what, lat) in &mut rows {

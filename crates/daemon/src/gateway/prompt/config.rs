@@ -89,7 +89,9 @@ mod tests {
 
     #[test]
     fn special_tokens_are_strings_or_added_tokens() {
-        let c = config(r#"{"bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "</s>", "pad_token": null}"#);
+        let c = config(
+            r#"{"bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "</s>", "pad_token": null}"#,
+        );
         let c = c.unwrap();
         assert_eq!(c.special, vec![("bos_token", "<s>".to_owned()), ("eos_token", "</s>".to_owned())]);
         assert_eq!(c.template, None);
@@ -97,7 +99,9 @@ mod tests {
 
     #[test]
     fn the_default_named_template_is_taken() {
-        let c = config(r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#);
+        let c = config(
+            r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#,
+        );
         assert_eq!(c.unwrap().template.as_deref(), Some("D"));
         let e = config(r#"{"chat_template": [{"name": "tool_use", "template": "T"}]}"#).unwrap_err();
         assert!(e.to_string().contains("without a `default` template"), "{e}");

@@ -15,9 +15,9 @@
 
 mod config;
 mod template;
-mod text;
 #[cfg(test)]
 mod tests;
+mod text;
 
 use std::path::{Path, PathBuf};
 
@@ -191,7 +191,8 @@ impl Model {
     }
 
     fn ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
-        let enc = self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| PromptError::Encode(e.to_string()))?;
+        let enc =
+            self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| PromptError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 }

@@ -91,8 +91,20 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 /// `strftime_now(format)`, UTC, for the directives templates use (Llama 3's
 /// `"%d %b %Y"`); any other is an error.
 fn strftime_now(format: String) -> Result<Value, Error> {
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

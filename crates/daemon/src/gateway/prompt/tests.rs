@@ -113,7 +113,10 @@ fn with_template(dir: &Path, template: &str) -> PromptEncoder {
 fn a_template_minijinja_cannot_compile_falls_back_to_text_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     // transformers' {% generation %} tag (assistant masks) is not Jinja's.
-    let enc = with_template(dir.path(), "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}");
+    let enc = with_template(
+        dir.path(),
+        "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}",
+    );
     let why = enc.chat_template_problem().expect("a problem").to_string();
     assert!(why.starts_with("the chat template cannot be rendered:") && why.contains("generation"), "{why}");
     assert_eq!(enc.encode(&PromptText::Chat(vec![msg("user", "hi")])).mode(), MODE_TEXT);

@@ -63,8 +63,7 @@ mod tests {
     fn text_keys_are_the_chained_keys_of_the_pseudo_tokens() {
         let text: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
         for block in [1, 2, 16, 64, 65] {
-            let tokens: Vec<u32> =
-                text.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let tokens: Vec<u32> = text.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             let (mut direct, mut chained) = (Vec::new(), Vec::new());
             text_keys(text_seed(), &text, block, &mut direct);
             chain_keys(text_seed(), &tokens, block, &mut chained);
