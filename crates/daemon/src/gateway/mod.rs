@@ -7,6 +7,7 @@
 //! a Kubernetes gateway").
 //!
 //! - `body.rs`: the OpenAI request body (`model`, the prompt, `user`)
+//! - `prompt/`: the prompt as token ids (the model's tokenizer) or text keys
 //! - `bridge.rs`: the thread between the gRPC tasks and the route socket
 //! - `endpoints.rs`: `gateway.endpoints` as addresses (names resolved)
 //! - `service.rs`: one request's `ext_proc` stream
@@ -18,6 +19,7 @@ pub mod body;
 pub mod bridge;
 mod endpoints;
 pub mod metrics;
+pub mod prompt;
 mod reply;
 pub mod service;
 pub mod subset;
