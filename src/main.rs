@@ -175,6 +175,15 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         })?),
         None => None,
     };
+    // The model's tokenizer is read before anything serves: a file that
+    // does not load stops the start, naming its key.
+    let prompts = match cfg.server.epp_bind {
+        Some(_) => Some(dpcoord::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
+            // A configuration error: the exit code of one.
+            Failed { why: format!("{}: {e}", dpcoord::config::keys::GATEWAY_TOKENIZER.key.path()), code: 2 }
+        })?),
+        None => None,
+    };
     let daemon = Daemon::start(&cfg, source).map_err(|e| {
         let config =
             matches!(&e, TransportError::Endpoint { what: "bind", source, .. } if ipc::bind_is_config_error(source));
@@ -182,8 +191,8 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     })?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
-    let picker = match (epp, daemon.bridge.clone()) {
-        (Some(l), Some(bridge)) => {
+    let picker = match (epp, daemon.bridge.clone(), prompts) {
+        (Some(l), Some(bridge), Some(prompts)) => {
             tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
             Some(dpcoord::gateway::spawn(
                 rt.handle(),
@@ -191,6 +200,8 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
                 bridge,
                 daemon.published.clone(),
                 daemon.gateway_metrics.clone(),
+                prompts,
+                cfg.settings.limits.max_message_bytes,
             ))
         }
         _ => None,

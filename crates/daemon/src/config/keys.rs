@@ -339,8 +339,14 @@ pub const GATEWAY_RANK_HEADER: StrKey = StrKey { key: Key::new(GATEWAY, "rank_he
 pub const GATEWAY_MAX_BODY_BYTES: IntKey =
     IntKey { key: Key::new(GATEWAY, "max_body_bytes"), default: 4 << 20, min: 1024, max: 64 << 20 };
 
+/// The model's tokenizer.json, for prompts tokenized as the engine does;
+/// "" = none (an approximate prefix over the prompt's text).
+pub const GATEWAY_TOKENIZER: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer"), default: "" };
+/// Its tokenizer_config.json, for the chat template; "" = none.
+pub const GATEWAY_TOKENIZER_CONFIG: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer_config"), default: "" };
+
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 64] = [
+pub const ALL: [AnyKey; 66] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
@@ -405,4 +411,6 @@ pub const ALL: [AnyKey; 64] = [
     AnyKey::List(&GATEWAY_ENDPOINTS),
     AnyKey::Str(&GATEWAY_RANK_HEADER),
     AnyKey::Int(&GATEWAY_MAX_BODY_BYTES),
+    AnyKey::Str(&GATEWAY_TOKENIZER),
+    AnyKey::Str(&GATEWAY_TOKENIZER_CONFIG),
 ];

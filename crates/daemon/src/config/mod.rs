@@ -105,6 +105,11 @@ pub struct Gateway {
     /// The header that carries the rank number; `None`: one endpoint per rank.
     pub rank_header: Option<String>,
     pub max_body_bytes: usize,
+    /// The model's tokenizer.json (`gateway.tokenizer`); `None`: prompts are
+    /// keyed by their text.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Its tokenizer_config.json (`gateway.tokenizer_config`), for chats.
+    pub tokenizer_config: Option<std::path::PathBuf>,
 }
 
 impl Gateway {

@@ -29,6 +29,11 @@ pub struct Query {
     pub prompt_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The prompt's token ids (tokenizer mode), or its text keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_keys: Option<Vec<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub among: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]

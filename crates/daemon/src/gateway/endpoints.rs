@@ -62,7 +62,12 @@ mod tests {
 
     fn gateway(endpoints: &[&str], header: Option<&str>) -> Arc<Gateway> {
         let endpoints = endpoints.iter().map(|e| e.to_string()).collect();
-        Arc::new(Gateway { endpoints, rank_header: header.map(str::to_owned), max_body_bytes: 1 << 20 })
+        Arc::new(Gateway {
+            endpoints,
+            rank_header: header.map(str::to_owned),
+            max_body_bytes: 1 << 20,
+            ..Gateway::default()
+        })
     }
 
     #[test]

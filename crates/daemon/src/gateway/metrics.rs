@@ -2,6 +2,7 @@
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
+use super::prompt::{MODE_TEXT, MODE_TOKENIZER};
 use crate::observability::metrics::{built, register};
 
 /// How a request through the gateway ended for the picker.
@@ -47,6 +48,7 @@ impl Outcome {
 pub struct GatewayMetrics {
     requests: IntCounterVec,
     rank_errors: IntCounterVec,
+    prompts: IntCounterVec,
 }
 
 impl GatewayMetrics {
@@ -65,6 +67,16 @@ impl GatewayMetrics {
             ),
             &["dp_rank", "kind"],
         ));
+        let prompts = built(IntCounterVec::new(
+            Opts::new(
+                "dpcoord_gateway_prompts_total",
+                "Prompts the gateway endpoint picker routed, by how they were keyed: tokenizer (the engine's token ids) or text",
+            ),
+            &["mode"],
+        ));
+        for mode in [MODE_TOKENIZER, MODE_TEXT] {
+            prompts.with_label_values(&[mode]);
+        }
         for o in Outcome::ALL {
             requests.with_label_values(&[o.as_str()]);
         }
@@ -73,7 +85,16 @@ impl GatewayMetrics {
                 rank_errors.with_label_values(&[&rank.to_string(), kind]);
             }
         }
-        GatewayMetrics { requests: register(registry, requests), rank_errors: register(registry, rank_errors) }
+        GatewayMetrics {
+            requests: register(registry, requests),
+            rank_errors: register(registry, rank_errors),
+            prompts: register(registry, prompts),
+        }
+    }
+
+    /// A routed prompt keyed in `mode` (`Encoded::mode`).
+    pub fn prompt(&self, mode: &str) {
+        self.prompts.with_label_values(&[mode]).inc();
     }
 
     pub fn outcome(&self, o: Outcome) {

@@ -8,6 +8,7 @@
 //!
 //! - `body.rs`: the OpenAI request body (`model`, the prompt, `user`)
 //! - `prompt/`: the prompt as token ids (the model's tokenizer) or text keys
+//! - `prompts.rs`: the encoder in force, loaded again on a reload
 //! - `bridge.rs`: the thread between the gRPC tasks and the route socket
 //! - `endpoints.rs`: `gateway.endpoints` as addresses (names resolved)
 //! - `service.rs`: one request's `ext_proc` stream
@@ -20,6 +21,7 @@ pub mod bridge;
 mod endpoints;
 pub mod metrics;
 pub mod prompt;
+pub mod prompts;
 mod reply;
 pub mod service;
 pub mod subset;
@@ -69,9 +71,13 @@ pub fn spawn(
     bridge: Bridge,
     published: Arc<Published>,
     metrics: metrics::GatewayMetrics,
+    prompts: prompts::Prompts,
+    max_query_bytes: usize,
 ) -> Server {
+    let prompts = Arc::new(prompts);
     let endpoints = Arc::new(endpoints::Endpoints::new(published.gateway()));
-    let picker = service::Picker { bridge, published: Arc::clone(&published), endpoints, metrics };
+    let picker =
+        service::Picker { bridge, published: Arc::clone(&published), endpoints, prompts, max_query_bytes, metrics };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();

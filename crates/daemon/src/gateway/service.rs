@@ -16,6 +16,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::bridge::{Bridge, Query};
 use super::endpoints::Endpoints;
 use super::metrics::{GatewayMetrics, Outcome};
+use super::prompt::Encoded;
+use super::prompts::Prompts;
 use super::reply::{self, Pick};
 use super::{body, subset};
 use crate::routing::Published;
@@ -36,6 +38,11 @@ pub struct Picker {
     pub published: Arc<Published>,
     /// `gateway.endpoints` as addresses.
     pub endpoints: Arc<Endpoints>,
+    /// The prompt encoder in force (`gateway.tokenizer`).
+    pub prompts: Arc<Prompts>,
+    /// The largest route query the route socket takes
+    /// (`limits.max_message_bytes`): a prompt is cut to fit it.
+    pub max_query_bytes: usize,
     pub metrics: GatewayMetrics,
 }
 
@@ -178,14 +185,15 @@ impl Picker {
             Ok(among) => among,
             Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
         };
-        let q = Query {
-            op: "route",
-            prompt_tokens: Some(parsed.prompt.estimated_tokens()),
-            session: parsed.user.clone(),
-            among: Some(among),
-            ..Query::default()
-        };
-        let Some(r) = self.bridge.ask(q).await else {
+        let mut q = Query { op: "route", session: parsed.user.clone(), among: Some(among), ..Query::default() };
+        self.key_prompt(&mut q, &gateway, parsed.prompt).await;
+        let mut reply = self.bridge.ask(q.clone()).await;
+        if reply.as_ref().and_then(|r| r.error.as_ref()).is_some_and(|e| e.code == "too_large") {
+            // A lower limits.max_message_bytes since the start: route on the length alone.
+            (q.tokens, q.block_keys) = (None, None);
+            reply = self.bridge.ask(q).await;
+        }
+        let Some(r) = reply else {
             return self
                 .reject(s, out, "dpcoord's coordinator is not answering".into(), 500, Outcome::RejectedError)
                 .await;
@@ -210,6 +218,33 @@ impl Picker {
             send(out, m).await;
         }
         false
+    }
+
+    /// The query's prompt: the engine's token ids (with a tokenizer), else
+    /// text keys, each cut to the leading part that fits the route socket's
+    /// message limit (a prefix is still a prefix; the length is the whole).
+    /// Tokenizing runs on the blocking pool, not the gRPC tasks' thread.
+    async fn key_prompt(&self, q: &mut Query, gateway: &crate::config::Gateway, prompt: super::PromptText) {
+        let encoder = self.prompts.encoder(gateway);
+        let estimate = prompt.estimated_tokens();
+        let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt)).await.ok();
+        // 2 KiB for the rest of the query; at most 5 bytes an id, 9 a key.
+        let room = self.max_query_bytes.saturating_sub(2048);
+        match encoded {
+            Some(Encoded::Tokens(mut ids)) => {
+                self.metrics.prompt(super::prompt::MODE_TOKENIZER);
+                q.prompt_tokens = Some(ids.len() as u64);
+                ids.truncate(room / 5);
+                q.tokens = Some(ids);
+            }
+            Some(Encoded::TextKeys(mut keys)) => {
+                self.metrics.prompt(super::prompt::MODE_TEXT);
+                q.prompt_tokens = Some(estimate);
+                keys.truncate(room / 9);
+                q.block_keys = Some(keys);
+            }
+            None => q.prompt_tokens = Some(estimate),
+        }
     }
 
     /// An immediate response: nothing was booked, the stream is over.

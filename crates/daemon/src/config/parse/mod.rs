@@ -354,6 +354,25 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
         }
     }
     let max_body_bytes = s.int(&keys::GATEWAY_MAX_BODY_BYTES)? as usize;
+    let file = |s: &mut Section<'_>, k: &StrKey| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        let v = s.string(k)?;
+        if v.is_empty() {
+            return Ok(None);
+        }
+        match std::fs::metadata(&v) {
+            Ok(m) if m.is_file() => Ok(Some(v.into())),
+            Ok(_) => Err(err(k.key.path(), format!("`{v}` is not a file"))),
+            Err(e) => Err(err(k.key.path(), format!("cannot read `{v}`: {e}"))),
+        }
+    };
+    let tokenizer = file(&mut s, &keys::GATEWAY_TOKENIZER)?;
+    let tokenizer_config = file(&mut s, &keys::GATEWAY_TOKENIZER_CONFIG)?;
+    if tokenizer_config.is_some() && tokenizer.is_none() {
+        return Err(err(
+            keys::GATEWAY_TOKENIZER_CONFIG.key.path(),
+            "needs gateway.tokenizer (the tokenizer.json it goes with)",
+        ));
+    }
     s.finish()?;
     match (rank_header.is_some(), endpoints.len()) {
         (_, 0) if epp => return Err(err(&path, "server.epp_bind is set: name each rank's host:port here")),
@@ -368,7 +387,7 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
         }
         _ => {}
     }
-    Ok(Gateway { endpoints, rank_header, max_body_bytes })
+    Ok(Gateway { endpoints, rank_header, max_body_bytes, tokenizer, tokenizer_config })
 }
 
 /// `host:port` as a gateway names an endpoint: a non-empty host and a port.
