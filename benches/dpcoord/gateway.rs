@@ -4,8 +4,8 @@
 //! picker's answer with the endpoint; a route is one REQ round trip on the
 //! route socket. The picker's own cost is the difference: gRPC, the JSON
 //! body, and the in-process hop to the same routing thread. Bodies: a
-//! short prompt and one of about 8k tokens (32 KiB of text; no tokenizer
-//! yet, so its length is estimated from bytes).
+//! short prompt and one of about 8k tokens (32 KiB of text), keyed by its
+//! text (no tokenizer configured; `gateway_prompt` times tokenizing).
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,8 @@ async fn pick(client: &mut ExternalProcessorClient<tonic::transport::Channel>, b
     tx.send(message(In::ResponseHeaders(ep::HttpHeaders::default()))).await.expect("response headers");
     let done = ep::HttpBody { end_of_stream: true, ..Default::default() };
     tx.send(message(In::ResponseBody(done))).await.expect("response end");
+    // Our side ends too, so the picker's stream closes at once.
+    drop(tx);
     while let Ok(Some(_)) = replies.message().await {}
     took
 }
@@ -65,7 +67,13 @@ pub fn run(mode: Mode, report: &mut Report) {
     let endpoints: Vec<String> = (0..DP).map(|r| format!("\"10.0.0.{r}:8000\"")).collect();
     std::fs::write(
         &cfg,
-        format!("[server]\nepp_bind = \"127.0.0.1:{port}\"\n[gateway]\nendpoints = [{}]\n", endpoints.join(", ")),
+        // The ranks report once (bring_up): they must stay up for the whole
+        // run, which takes longer than the default stale and down times.
+        format!(
+            "[server]\nepp_bind = \"127.0.0.1:{port}\"\n[engines]\nstale_after_ms = 3600000\ndown_after_ms = 3600000\n\
+             [gateway]\nendpoints = [{}]\n",
+            endpoints.join(", ")
+        ),
     )
     .expect("write the config");
     let d = Daemon::start(DP, &["--config", cfg.to_str().expect("utf-8 path"), "--policy", "least_load"]);

@@ -1,4 +1,4 @@
-//! Gateway prompts (issue 28, item 4): what turning an ~8k-token prompt
+//! Gateway prompts: what turning an ~8k-token prompt
 //! into a route query's `tokens` or `block_keys` costs, in process, with
 //! Qwen3's real tokenizer (crates/daemon/testdata/tokenizers): tokenizer
 //! mode (a completion; a chat through its template), text mode (keys over

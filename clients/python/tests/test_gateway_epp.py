@@ -1,4 +1,4 @@
-"""The gateway endpoint picker (issue 28): a client built from Envoy's own
+"""The gateway endpoint picker: a client built from Envoy's own
 generated protos (xds-protos, grpcio) drives the message sequence an
 Envoy-based gateway sends on ``ext_proc``, against the real binary."""
 

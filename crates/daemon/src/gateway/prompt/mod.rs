@@ -1,5 +1,5 @@
 //! A gateway request's prompt turned into what a `route` query carries for
-//! `cache_aware` (issue 28, item 4; docs/prefix-cache.md, "Through the
+//! `cache_aware` (docs/prefix-cache.md, "Through the
 //! gateway"):
 //!
 //! - **tokenizer** mode, with the model's `tokenizer.json`: the token ids
