@@ -187,11 +187,15 @@ impl Picker {
         };
         let mut q = Query { op: "route", session: parsed.user.clone(), among: Some(among), ..Query::default() };
         self.key_prompt(&mut q, &gateway, parsed.prompt).await;
-        let mut reply = self.bridge.ask(q.clone()).await;
+        // The same query without its prompt, kept for the retry below: the
+        // prompt's ids are moved, not copied.
+        let prompt = (q.tokens.take(), q.block_keys.take());
+        let bare = q.clone();
+        (q.tokens, q.block_keys) = prompt;
+        let mut reply = self.bridge.ask(q).await;
         if reply.as_ref().and_then(|r| r.error.as_ref()).is_some_and(|e| e.code == "too_large") {
             // A lower limits.max_message_bytes since the start: route on the length alone.
-            (q.tokens, q.block_keys) = (None, None);
-            reply = self.bridge.ask(q).await;
+            reply = self.bridge.ask(bare).await;
         }
         let Some(r) = reply else {
             return self
