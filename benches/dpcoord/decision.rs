@@ -116,6 +116,8 @@ fn placement_ns(budget: Budget, dp: u32, policy: PolicyKind) -> f64 {
         prompt: None,
         explain: false,
         among: None,
+        fallbacks: 0,
+        shed_waiting: None,
     };
     let mut out = Vec::with_capacity(1);
     budget.median_ns(
@@ -223,7 +225,7 @@ fn wire_ns(budget: Budget) -> (f64, f64) {
         &mut (),
         |_, chunk| {
             for r in 0..chunk as u32 {
-                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1, None);
+                wire::encode_ranks(&mut out, Some(wire::Id::UInt(1)), &[r % 8], 1, None, None);
                 black_box(&out);
             }
         },

@@ -97,3 +97,32 @@ fn among_with_no_routable_rank_is_no_engine_available() {
     assert_eq!(r["error"]["code"], json!("no_engine_available"), "{r}");
     assert_eq!(d.routed_pending(), vec![(0, 0); 3]);
 }
+
+#[test]
+fn fallbacks_list_the_next_ranks_and_shed_waiting_refuses_full_queues() {
+    let d = Daemon::frozen_up("3", &[0, 1, 2]);
+    let c = d.client();
+    let r = c.call(json!({"v": 1, "op": "route", "fallbacks": 2}));
+    assert_eq!((&r["ranks"], &r["fallbacks"]), (&json!([0]), &json!([1, 2])), "{r}");
+    // Rank 0 holds a pending placement: it comes after the idle rank 2.
+    let r = c.call(json!({"v": 1, "op": "route", "fallbacks": 16}));
+    assert_eq!((&r["ranks"], &r["fallbacks"]), (&json!([1]), &json!([2, 0])), "{r}");
+    let r = c.call(json!({"v": 1, "op": "route", "rank": 1, "fallbacks": 2}));
+    assert_eq!((&r["ranks"], &r["fallbacks"]), (&json!([1]), &json!([])), "a pin has none: {r}");
+    let r = c.call(json!({"v": 1, "op": "route"}));
+    assert!(r.get("fallbacks").is_none(), "not asked for: {r}");
+    let r = c.call(json!({"v": 1, "op": "route", "fallbacks": 17}));
+    assert_eq!(r["error"]["code"], json!("bad_request"), "{r}");
+    // Queues (pending; the engines report none waiting): [1, 2, 1].
+    assert_eq!(d.routed_pending(), vec![(1, 1), (2, 2), (1, 1)]);
+    let r = c.call(json!({"v": 1, "op": "route", "shed_waiting": 1, "session": "s"}));
+    assert_eq!(r["error"]["code"], json!("saturated"), "{r}");
+    let says = "every candidate rank has at least shed_waiting = 1 requests queued (the shortest queue is 1)";
+    assert!(r["error"]["message"].as_str().unwrap().starts_with(says), "{r}");
+    assert_eq!(d.routed_pending(), vec![(1, 1), (2, 2), (1, 1)], "nothing placed");
+    // Rank 2's queue of 1 is below 2: not shed; round robin's turn is rank 1.
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "shed_waiting": 2, "among": [1, 2]})), vec![1]);
+    assert_eq!(c.route(json!({"v": 1, "op": "route", "shed_waiting": 1, "rank": 0})), vec![0], "pins are not shed");
+    let r = c.call(json!({"v": 1, "op": "route", "shed_waiting": 0}));
+    assert_eq!(r["error"]["code"], json!("bad_request"), "{r}");
+}

@@ -25,21 +25,26 @@ SERVED = "x-gateway-destination-endpoint-served"
 BODY = json.dumps({"model": "m", "prompt": "hello " * 40}).encode()
 
 
-def config(port: int, dp: int, eps: list[str], rank_header: str = "", cap: int = 4 << 20, max_dp: int = 0) -> str:
+def config(
+    port: int, dp: int, eps: list[str], rank_header: str = "", cap: int = 4 << 20, max_dp: int = 0, extra: str = ""
+) -> str:
     return (
         f'[server]\nepp_bind = "127.0.0.1:{port}"\n'
         f"[engines]\ndp_size = {dp}\nmax_dp_size = {max_dp}\n"
         # Placements stay pending until finished: the test sees exactly what the picker booked.
         "[routing]\npending_ttl_ms = 600000\n"
         f"[gateway]\nendpoints = {json.dumps(eps)}\nrank_header = {json.dumps(rank_header)}\nmax_body_bytes = {cap}\n"
+        + extra
     )
 
 
-def start(start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20, max_dp=0):
+def start(
+    start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20, max_dp=0, extra=""
+):
     port = free_port()
     eps = endpoints if endpoints is not None else [A, B, C][:dp]
     cfg = tmp_path / "epp.toml"
-    cfg.write_text(config(port, dp, eps, rank_header, cap, max_dp))
+    cfg.write_text(config(port, dp, eps, rank_header, cap, max_dp, extra))
     d = start_daemon("--config", str(cfg))
     d.epp_port, d.epp_config = port, cfg
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -63,6 +68,13 @@ class Stream:
 
     def close(self) -> None:
         self.out.put(None)
+
+
+def served_md(endpoint: str) -> base_pb2.Metadata:
+    """The served endpoint where the protocol puts it: ``envoy.lb`` filter metadata."""
+    s = struct_pb2.Struct()
+    s.update({SERVED: endpoint})
+    return base_pb2.Metadata(filter_metadata={"envoy.lb": s})
 
 
 def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
@@ -295,3 +307,72 @@ def test_a_rank_without_an_endpoint_is_never_picked_until_a_reload_names_it(star
     assert r["ok"], r
     assert sorted(pick() for _ in range(3)) == [A, B, C]
     eventually("done", lambda: pending(d) == [0, 0, 0])
+
+
+def test_fallbacks_follow_the_pick_and_a_retry_elsewhere_moves_at_the_headers(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, dp=3, extra="fallbacks = 2\n")
+    bring_up(d, engines, [0, 1, 2])
+    first = Stream(ch)
+    request(first)
+    # Round robin picks rank 0; the idle ranks 1 and 2 follow, cheapest first.
+    assert picked(first)[0] == f"{A},{B},{C}"
+    second = Stream(ch)
+    request(second)
+    # Rank 0 holds a pending placement now: it comes last.
+    assert picked(second)[0] == f"{B},{C},{A}"
+    assert pending(d) == [1, 1, 0]
+    # The gateway retried the first request on its first fallback, B, and
+    # says so in the metadata: the placement moves before the response ends.
+    first.send(
+        response_headers=ep.HttpHeaders(headers=headers({":status": "200"})), metadata_context=served_md(B)
+    )
+    assert first.recv().WhichOneof("response") == "response_headers"
+    assert pending(d) == [0, 1, 0] and routed(d) == [0, 2, 0]
+    first.send(response_body=ep.HttpBody(body=b"", end_of_stream=True))
+    assert first.recv().WhichOneof("response") == "response_body"
+    first.close()
+    respond(second, B)
+    eventually("both done", lambda: pending(d) == [0, 0, 0])
+    assert routed(d) == [0, 2, 0], "the moved request was booked once"
+
+
+def test_every_queue_at_shed_waiting_is_429_and_books_nothing(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, extra="shed_waiting = 3\n")
+    e = bring_up(d, engines, [0, 1])
+    e.set(0, waiting=3, received=3)
+    e.set(1, waiting=4, received=4)
+    waiting = lambda: [r["counts"][0] for r in d.state()["ranks"]]
+    eventually("both queues reported", lambda: waiting() == [3, 4])
+    s = Stream(ch)
+    request(s)
+    r = immediate(s)
+    assert r.status.code == 429 and b"shed_waiting = 3" in r.body and b"shortest queue is 3" in r.body, r.body
+    assert pending(d) == [0, 0] and routed(d) == [3, 4], "nothing booked"
+    assert d.metric("dpcoord_gateway_requests_total", 'outcome="rejected_shed"') == 1
+    assert d.metric("dpcoord_route_errors_total", 'code="saturated"') == 1
+    e.set(1, waiting=2)
+    eventually("rank 1 drained", lambda: waiting() == [3, 2])
+    # Rank 1's queue is below the mark: not shed, and round robin picks rank 0.
+    s = Stream(ch)
+    request(s)
+    assert picked(s)[0] == A
+    respond(s, A)
+    eventually("done", lambda: pending(d) == [0, 0])
+
+
+def test_a_prompt_above_max_prompt_tokens_is_routed_on_its_leading_part(start_daemon, engines, tmp_path):
+    port = free_port()
+    cfg = tmp_path / "epp.toml"
+    cfg.write_text(config(port, 2, [A, B]).replace("[gateway]", "[limits]\nmax_prompt_tokens = 256\n[gateway]"))
+    d = start_daemon("--config", str(cfg))
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(ch).result(timeout=DEADLINE)
+    bring_up(d, engines, [0, 1])
+    # 40,000 bytes of text: 625 text keys, cut to the 16 that 256 tokens allow.
+    s = Stream(ch)
+    request(s, json.dumps({"model": "m", "prompt": "abcd" * 10_000}).encode())
+    assert picked(s, json.dumps({"model": "m", "prompt": "abcd" * 10_000}).encode())[0] in (A, B)
+    respond(s, None)
+    eventually("done", lambda: pending(d) == [0, 0])
+    assert d.metric("dpcoord_route_errors_total", 'code="too_large"') == 0
+    assert d.metric("dpcoord_gateway_requests_total", 'outcome="routed"') == 1

@@ -339,6 +339,14 @@ pub const GATEWAY_RANK_HEADER: StrKey = StrKey { key: Key::new(GATEWAY, "rank_he
 pub const GATEWAY_MAX_BODY_BYTES: IntKey =
     IntKey { key: Key::new(GATEWAY, "max_body_bytes"), default: 4 << 20, min: 1024, max: 64 << 20 };
 
+/// How many next-best endpoints follow the picked one (Envoy tries them
+/// in order when its retry policy retries); 0 = the pick alone.
+pub const GATEWAY_FALLBACKS: IntKey = IntKey { key: Key::new(GATEWAY, "fallbacks"), default: 0, min: 0, max: 16 };
+/// Requests answered 429 when every eligible rank has at least this many
+/// queued (waiting plus pending); 0 = never shed.
+pub const GATEWAY_SHED_WAITING: IntKey =
+    IntKey { key: Key::new(GATEWAY, "shed_waiting"), default: 0, min: 0, max: 1_000_000 };
+
 /// The model's tokenizer.json, for prompts tokenized as the engine does;
 /// "" = none (an approximate prefix over the prompt's text).
 pub const GATEWAY_TOKENIZER: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer"), default: "" };
@@ -346,7 +354,7 @@ pub const GATEWAY_TOKENIZER: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer
 pub const GATEWAY_TOKENIZER_CONFIG: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer_config"), default: "" };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 66] = [
+pub const ALL: [AnyKey; 68] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
@@ -411,6 +419,8 @@ pub const ALL: [AnyKey; 66] = [
     AnyKey::List(&GATEWAY_ENDPOINTS),
     AnyKey::Str(&GATEWAY_RANK_HEADER),
     AnyKey::Int(&GATEWAY_MAX_BODY_BYTES),
+    AnyKey::Int(&GATEWAY_FALLBACKS),
+    AnyKey::Int(&GATEWAY_SHED_WAITING),
     AnyKey::Str(&GATEWAY_TOKENIZER),
     AnyKey::Str(&GATEWAY_TOKENIZER_CONFIG),
 ];

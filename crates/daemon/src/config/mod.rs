@@ -105,6 +105,12 @@ pub struct Gateway {
     /// The header that carries the rank number; `None`: one endpoint per rank.
     pub rank_header: Option<String>,
     pub max_body_bytes: usize,
+    /// Next-best endpoints after the pick (`gateway.fallbacks`), with one
+    /// endpoint per rank.
+    pub fallbacks: u8,
+    /// `gateway.shed_waiting`: a 429 when every eligible rank has at least
+    /// this many requests queued; `None`: never.
+    pub shed_waiting: Option<u64>,
     /// The model's tokenizer.json (`gateway.tokenizer`); `None`: prompts are
     /// keyed by their text.
     pub tokenizer: Option<std::path::PathBuf>,

@@ -56,6 +56,10 @@ pub enum Unroutable {
     NoEngine { dp_size: u32 },
     /// No rank of a route's `among` is up or stale.
     NoneAmong { dp_size: u32 },
+    /// Every candidate rank has at least `shed_waiting` requests queued
+    /// (its engine's waiting plus dpcoord's pending); `least` is the
+    /// shortest queue.
+    Saturated { shed_waiting: u64, least: u64 },
 }
 
 impl fmt::Display for Unroutable {
@@ -76,6 +80,11 @@ impl fmt::Display for Unroutable {
             Unroutable::NoneAmong { dp_size } => {
                 write!(f, "no routable rank among the ranks asked for (of {dp_size}): none is up or stale")
             }
+            Unroutable::Saturated { shed_waiting, least } => write!(
+                f,
+                "every candidate rank has at least shed_waiting = {shed_waiting} requests queued (the shortest \
+                 queue is {least}): shed, nothing placed; try again later"
+            ),
         }
     }
 }

@@ -40,6 +40,10 @@ pub struct Query {
     pub rank: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placed: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallbacks: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shed_waiting: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -58,6 +62,8 @@ pub struct Reply {
     pub ok: bool,
     #[serde(default)]
     pub ranks: Vec<u32>,
+    #[serde(default)]
+    pub fallbacks: Vec<u32>,
     #[serde(default)]
     pub error: Option<ReplyError>,
 }

@@ -16,6 +16,8 @@ pub enum Outcome {
     RejectedTooLarge,
     /// No eligible rank (none routable, or none in the subset hint): 503.
     RejectedNoRank,
+    /// Every eligible rank's queue at `gateway.shed_waiting` or deeper: 429.
+    RejectedShed,
     /// The stream ended before the body did: nothing routed.
     RejectedReset,
     /// The coordinator could not be asked, or refused otherwise: 500.
@@ -23,11 +25,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Routed,
         Outcome::RejectedBadRequest,
         Outcome::RejectedTooLarge,
         Outcome::RejectedNoRank,
+        Outcome::RejectedShed,
         Outcome::RejectedReset,
         Outcome::RejectedError,
     ];
@@ -38,6 +41,7 @@ impl Outcome {
             Outcome::RejectedBadRequest => "rejected_bad_request",
             Outcome::RejectedTooLarge => "rejected_too_large",
             Outcome::RejectedNoRank => "rejected_no_rank",
+            Outcome::RejectedShed => "rejected_shed",
             Outcome::RejectedReset => "rejected_reset",
             Outcome::RejectedError => "rejected_error",
         }

@@ -1,15 +1,16 @@
 //! The picker's answers to the gateway, as Envoy's `ext_proc` messages.
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use ep::processing_response::Response as Out;
 
-use super::service::DESTINATION;
+use super::service::{DESTINATION, SERVED};
 
 /// A pick to hand the gateway.
 pub struct Pick<'a> {
+    /// The picked endpoint, then its fallbacks: `ip:port,ip:port,...`.
     pub endpoint: &'a str,
     pub rank: u32,
     /// The header that carries the rank (one endpoint for every rank).
@@ -105,6 +106,16 @@ pub fn immediate(code: u16, why: &str) -> ep::ProcessingResponse {
         details: format!("dpcoord_{code}"),
         ..Default::default()
     }))
+}
+
+/// The endpoint that served the request, as the protocol has the gateway
+/// say it: `envoy.lb` / `x-gateway-destination-endpoint-served` in the
+/// filter metadata of the response's messages.
+pub fn served_metadata(m: &Metadata) -> Option<String> {
+    match m.filter_metadata.get("envoy.lb")?.fields.get(SERVED)?.kind.as_ref()? {
+        Kind::StringValue(s) => s.split(',').next().map(|e| e.trim().to_owned()),
+        _ => None,
+    }
 }
 
 /// The response's `:status` and the endpoint that served it (`served`).

@@ -56,7 +56,13 @@ struct Stream {
     /// The rank booked by the pick, then the rank that served it.
     placed: Option<u32>,
     served: Option<u32>,
+    /// The served endpoint as the gateway's metadata named it.
+    served_endpoint: Option<String>,
+    /// The response is over (or was never to come).
     finished: bool,
+    /// Served elsewhere: the placement was moved when the response's
+    /// headers said so, nothing is left to book at its end.
+    moved: bool,
 }
 
 type Out = mpsc::Sender<Result<ep::ProcessingResponse, Status>>;
@@ -84,8 +90,13 @@ impl Picker {
                 s.buffered = BUFFERED.contains(&cfg.request_body_mode);
                 s.response_streamed = cfg.response_body_mode == FULL_DUPLEX;
             }
-            if s.subset.is_none() {
-                s.subset = msg.metadata_context.as_ref().and_then(subset::hint);
+            if let Some(m) = msg.metadata_context.as_ref() {
+                if s.subset.is_none() {
+                    s.subset = subset::hint(m);
+                }
+                if let Some(served) = reply::served_metadata(m) {
+                    s.served_endpoint = Some(served);
+                }
             }
             let Some(req) = msg.request else { continue };
             let done = self.step(&mut s, req, &out).await;
@@ -97,7 +108,9 @@ impl Picker {
         if let (Some(placed), false) = (s.placed, s.finished) {
             let rank = s.served.unwrap_or(placed);
             self.metrics.rank_error(rank, "reset");
-            self.finish(rank, placed).await;
+            if !s.moved {
+                self.finish(rank, placed).await;
+            }
         } else if s.placed.is_none() && !s.finished {
             self.metrics.outcome(Outcome::RejectedReset);
         }
@@ -130,7 +143,8 @@ impl Picker {
                 self.pick(s, out).await
             }
             In::ResponseHeaders(h) => {
-                let (status, served) = reply::response_facts(h.headers.as_ref(), SERVED);
+                let (status, header) = reply::response_facts(h.headers.as_ref(), SERVED);
+                let served = s.served_endpoint.take().or(header);
                 let gateway = self.endpoints.resolved(self.published.gateway());
                 let dp = self.published.dp_size();
                 s.served = served.and_then(|ep| {
@@ -146,6 +160,14 @@ impl Picker {
                 if let (Some(code), Some(rank)) = (status, s.served.or(s.placed)) {
                     if code >= 500 {
                         self.metrics.rank_error(rank, "status_5xx");
+                    }
+                }
+                // Served by a fallback (the gateway retried): the placement
+                // moves there now, not when the response ends.
+                if let (Some(placed), Some(rank)) = (s.placed, s.served) {
+                    if rank != placed && !s.moved {
+                        s.moved = true;
+                        self.finish(rank, placed).await;
                     }
                 }
                 send(out, reply::response_headers_ok()).await;
@@ -182,10 +204,16 @@ impl Picker {
         let dp = self.published.dp_size();
 
         let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {
-            Ok(among) => among,
+            // Every rank eligible: the route is not restricted.
+            Ok(among) if among.len() == dp as usize => None,
+            Ok(among) => Some(among),
             Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
         };
-        let mut q = Query { op: "route", session: parsed.user.clone(), among: Some(among), ..Query::default() };
+        // With one endpoint for every rank, another rank is no fallback.
+        let fallbacks = (gateway.fallbacks > 0 && gateway.rank_header.is_none()).then_some(gateway.fallbacks);
+        let session = parsed.user.clone();
+        let shed_waiting = gateway.shed_waiting;
+        let mut q = Query { op: "route", session, among, fallbacks, shed_waiting, ..Query::default() };
         self.key_prompt(&mut q, &gateway, parsed.prompt).await;
         // The same query without its prompt, kept for the retry below: the
         // prompt's ids are moved, not copied.
@@ -194,7 +222,8 @@ impl Picker {
         (q.tokens, q.block_keys) = prompt;
         let mut reply = self.bridge.ask(q).await;
         if reply.as_ref().and_then(|r| r.error.as_ref()).is_some_and(|e| e.code == "too_large") {
-            // A lower limits.max_message_bytes since the start: route on the length alone.
+            // A reload lowered limits.max_prompt_tokens between the cut and
+            // the decision: route on the length alone.
             reply = self.bridge.ask(bare).await;
         }
         let Some(r) = reply else {
@@ -207,6 +236,9 @@ impl Picker {
             (_, _, Some(e)) if e.code == "no_engine_available" || e.code == "rank_unavailable" => {
                 return self.reject(s, out, e.message, 503, Outcome::RejectedNoRank).await
             }
+            (_, _, Some(e)) if e.code == "saturated" => {
+                return self.reject(s, out, e.message, 429, Outcome::RejectedShed).await
+            }
             (_, _, e) => {
                 let why = e.map_or("no rank in the reply".into(), |e| format!("{}: {}", e.code, e.message));
                 return self.reject(s, out, why, 500, Outcome::RejectedError).await;
@@ -217,7 +249,8 @@ impl Picker {
         };
         s.placed = Some(rank);
         self.metrics.outcome(Outcome::Routed);
-        let pick = Pick { endpoint, rank, rank_header: gateway.rank_header.as_deref() };
+        let endpoints = with_fallbacks(endpoint, r.fallbacks.iter().filter_map(|&f| gateway.endpoint(f)));
+        let pick = Pick { endpoint: &endpoints, rank, rank_header: gateway.rank_header.as_deref() };
         for m in reply::picked(&pick, std::mem::take(&mut s.body), s.buffered) {
             send(out, m).await;
         }
@@ -232,19 +265,21 @@ impl Picker {
         let encoder = self.prompts.encoder(gateway);
         let estimate = prompt.estimated_tokens();
         let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt)).await.ok();
-        // 2 KiB for the rest of the query; at most 5 bytes an id, 9 a key.
+        // 2 KiB for the rest of the query; at most 5 bytes an id, 9 a key;
+        // and no more than `limits.max_prompt_tokens` lets in.
         let room = self.max_query_bytes.saturating_sub(2048);
+        let most = self.published.max_prompt_tokens() as usize;
         match encoded {
             Some(Encoded::Tokens(mut ids)) => {
                 self.metrics.prompt(super::prompt::MODE_TOKENIZER);
                 q.prompt_tokens = Some(ids.len() as u64);
-                ids.truncate(room / 5);
+                ids.truncate((room / 5).min(most));
                 q.tokens = Some(ids);
             }
             Some(Encoded::TextKeys(mut keys)) => {
                 self.metrics.prompt(super::prompt::MODE_TEXT);
                 q.prompt_tokens = Some(estimate);
-                keys.truncate(room / 9);
+                keys.truncate((room / 9).min(most / 16));
                 q.block_keys = Some(keys);
             }
             None => q.prompt_tokens = Some(estimate),
@@ -263,7 +298,9 @@ impl Picker {
     async fn complete(&self, s: &mut Stream) -> bool {
         if let (Some(placed), false) = (s.placed, s.finished) {
             s.finished = true;
-            self.finish(s.served.unwrap_or(placed), placed).await;
+            if !s.moved {
+                self.finish(s.served.unwrap_or(placed), placed).await;
+            }
         }
         true
     }
@@ -275,6 +312,21 @@ impl Picker {
             tracing::debug!(rank, "a finished request was not booked");
         }
     }
+}
+
+/// The destination's value: the picked endpoint, then each fallback's
+/// endpoint not already named, comma-separated (the protocol's form).
+fn with_fallbacks<'a>(first: &str, fallbacks: impl Iterator<Item = &'a str>) -> String {
+    let mut list = first.to_owned();
+    let mut named = vec![first];
+    for e in fallbacks {
+        if !named.contains(&e) {
+            named.push(e);
+            list.push(',');
+            list.push_str(e);
+        }
+    }
+    list
 }
 
 async fn send(out: &Out, m: ep::ProcessingResponse) {

@@ -16,6 +16,8 @@ pub struct Published {
     /// The rank count in force, set the moment it changes (the snapshot
     /// follows at the next tick).
     dp_size: AtomicU32,
+    /// `limits.max_prompt_tokens` in force.
+    max_prompt_tokens: AtomicU32,
 }
 
 fn read<T>(m: &Mutex<Arc<T>>) -> Arc<T> {
@@ -59,5 +61,15 @@ impl Published {
 
     pub(super) fn set_dp_size(&self, dp_size: u32) {
         self.dp_size.store(dp_size, Ordering::Relaxed)
+    }
+
+    /// The most token ids a route query may carry now
+    /// (`limits.max_prompt_tokens`; block keys, a sixteenth of it).
+    pub fn max_prompt_tokens(&self) -> u32 {
+        self.max_prompt_tokens.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_max_prompt_tokens(&self, tokens: u32) {
+        self.max_prompt_tokens.store(tokens, Ordering::Relaxed)
     }
 }

@@ -5,7 +5,7 @@
 //! hundred bytes. The transport sizes each socket's
 //! send queue from it (docs/PROTOCOL.md §1, "Queues").
 
-use super::query::MAX_ID_BYTES;
+use super::query::{MAX_FALLBACKS, MAX_ID_BYTES};
 use super::reply::{self, Chosen, Explain, Instance, PrefixSource, RankView, StateView, MAX_ERROR_MESSAGE_BYTES};
 use super::{Channel, ErrorCode, Id, WireError};
 use crate::engines::kv::Medium;
@@ -70,8 +70,8 @@ pub fn max_state_bytes(dp_size: u32, id: &str) -> usize {
     one - per_rank + per_rank * dp_size as usize + ARRAY_GROWTH
 }
 
-/// The route reply's size with no rank and an `explain` of `chosen`
-/// worst-case entries.
+/// The route reply's size with no rank, an `explain` of `chosen`
+/// worst-case entries and the most fallbacks, each the widest rank.
 fn route_bytes(chosen: usize, id: &str) -> usize {
     let longest = PrefixSource::ALL.into_iter().max_by_key(|s| s.as_str().len()).unwrap_or(PrefixSource::Approximate);
     let entries = vec![Chosen { rank: u32::MAX, predicted: u64::MAX, index: longest }; chosen];
@@ -82,6 +82,7 @@ fn route_bytes(chosen: usize, id: &str) -> usize {
         &[],
         u64::MAX,
         Some(Explain { best: u64::MAX, guarded: true, chosen: &entries }),
+        Some(&[u32::MAX; MAX_FALLBACKS as usize]),
     );
     out.len()
 }
@@ -155,7 +156,8 @@ mod tests {
         let chosen: Vec<Chosen> =
             ranks.iter().map(|&rank| Chosen { rank, predicted: u64::MAX, index: PrefixSource::Approximate }).collect();
         let explain = Explain { best: u64::MAX, guarded: true, chosen: &chosen };
-        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX, Some(explain));
+        let fallbacks: Vec<u32> = (1008..1024).collect();
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX, Some(explain), Some(&fallbacks));
         assert!(out.len() <= max_reply_bytes(Channel::Route, 1024, 1024));
         assert!(out.len() + 1024 * 3 >= max_route_bytes(1024, 1024, &id), "{}", out.len());
         let matched = vec![u32::MAX; 4096];
@@ -175,9 +177,11 @@ mod tests {
         assert_eq!(route_bytes(1, &id) - route_bytes(0, &id), 48);
         let base = route_bytes(0, &id);
         assert_eq!(max_reply_bytes(Channel::Route, 8, 65_536), base + 65_536 + 8 * 48 + 2 * ARRAY_GROWTH);
-        // The reply without `explain` is 40 bytes shorter (`guarded` is 9 of them).
+        // The reply without `explain` is 40 bytes shorter (`guarded` is 9
+        // of them), without 16 fallbacks 93 (a 10-byte key, a 3-byte
+        // array header, 16 ranks of 5 bytes).
         let mut out = Vec::new();
-        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX, None);
-        assert_eq!(base - out.len(), 40);
+        reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX, None, None);
+        assert_eq!(base - out.len(), 40 + 93);
     }
 }

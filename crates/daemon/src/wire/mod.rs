@@ -54,10 +54,13 @@ pub enum ErrorCode {
     TooLarge,
     /// A `reload` found a configuration it cannot apply.
     InvalidConfig,
+    /// A route asked to be shed (`shed_waiting`) found every candidate
+    /// rank's queue at least that deep.
+    Saturated,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::BadRequest,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownOp,
@@ -66,6 +69,7 @@ impl ErrorCode {
         ErrorCode::NoEngineAvailable,
         ErrorCode::TooLarge,
         ErrorCode::InvalidConfig,
+        ErrorCode::Saturated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +82,7 @@ impl ErrorCode {
             ErrorCode::NoEngineAvailable => "no_engine_available",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::InvalidConfig => "invalid_config",
+            ErrorCode::Saturated => "saturated",
         }
     }
 }
@@ -101,6 +106,7 @@ impl From<Unroutable> for WireError {
         let code = match u {
             Unroutable::Rank { .. } => ErrorCode::RankUnavailable,
             Unroutable::NoEngine { .. } | Unroutable::NoneAmong { .. } => ErrorCode::NoEngineAvailable,
+            Unroutable::Saturated { .. } => ErrorCode::Saturated,
         };
         WireError::new(code, u.to_string())
     }

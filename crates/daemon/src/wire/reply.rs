@@ -73,6 +73,8 @@ struct Ranks<'a> {
     epoch: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     explain: Option<Explain<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallbacks: Option<&'a [u32]>,
 }
 
 /// Where a rank's predicted prefix came from.
@@ -254,9 +256,16 @@ fn write<T: Serialize>(out: &mut Vec<u8>, value: &T) {
 }
 
 /// `{"v":1,"ok":true,"id":..,"ranks":[..],"epoch":E}`, with `"explain"`
-/// when given.
-pub fn encode_ranks(out: &mut Vec<u8>, id: Option<Id<'_>>, ranks: &[u32], epoch: u64, explain: Option<Explain<'_>>) {
-    write(out, &Ranks { v: V, ok: true, id, ranks, epoch, explain });
+/// and `"fallbacks"` when given.
+pub fn encode_ranks(
+    out: &mut Vec<u8>,
+    id: Option<Id<'_>>,
+    ranks: &[u32],
+    epoch: u64,
+    explain: Option<Explain<'_>>,
+    fallbacks: Option<&[u32]>,
+) {
+    write(out, &Ranks { v: V, ok: true, id, ranks, epoch, explain, fallbacks });
 }
 
 /// `{"v":1,"ok":true,"id":..,"rank":r,"epoch":E}`.
@@ -315,13 +324,13 @@ mod tests {
     #[test]
     fn replies_have_the_contract_shape() {
         let mut out = Vec::new();
-        encode_ranks(&mut out, Some(Id::Str("a")), &[1, 2], 7, None);
+        encode_ranks(&mut out, Some(Id::Str("a")), &[1, 2], 7, None, None);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":"a","ranks":[1,2],"epoch":7}));
         let chosen = [
             Chosen { rank: 1, predicted: 32, index: PrefixSource::Events },
             Chosen { rank: 2, predicted: 0, index: PrefixSource::Approximate },
         ];
-        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, guarded: false, chosen: &chosen }));
+        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, guarded: false, chosen: &chosen }), None);
         assert_eq!(
             decode(&out),
             serde_json::json!({"v":1,"ok":true,"ranks":[1,2,1],"epoch":7,"explain":{"best":48,"chosen":[

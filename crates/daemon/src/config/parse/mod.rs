@@ -354,6 +354,8 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
         }
     }
     let max_body_bytes = s.int(&keys::GATEWAY_MAX_BODY_BYTES)? as usize;
+    let fallbacks = s.int(&keys::GATEWAY_FALLBACKS)? as u8;
+    let shed_waiting = s.int(&keys::GATEWAY_SHED_WAITING)?;
     let file = |s: &mut Section<'_>, k: &StrKey| -> Result<Option<std::path::PathBuf>, ConfigError> {
         let v = s.string(k)?;
         if v.is_empty() {
@@ -387,7 +389,8 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
         }
         _ => {}
     }
-    Ok(Gateway { endpoints, rank_header, max_body_bytes, tokenizer, tokenizer_config })
+    let shed_waiting = (shed_waiting > 0).then_some(shed_waiting);
+    Ok(Gateway { endpoints, rank_header, max_body_bytes, fallbacks, shed_waiting, tokenizer, tokenizer_config })
 }
 
 /// `host:port` as a gateway names an endpoint: a non-empty host and a port.

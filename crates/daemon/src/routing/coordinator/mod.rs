@@ -139,6 +139,7 @@ impl Coordinator {
         c.published.set(c.state_view(now));
         c.published.set_gateway(settings.gateway.clone());
         c.published.set_dp_size(settings.engines.dp_size);
+        c.published.set_max_prompt_tokens(settings.limits.max_prompt_tokens);
         c
     }
 
@@ -194,6 +195,7 @@ impl Coordinator {
         self.ranks = Vec::with_capacity(settings.limits.max_batch as usize);
         self.tick_every = settings.routing.tick;
         self.next_tick = self.next_tick.min(now + self.tick_every);
+        self.published.set_max_prompt_tokens(settings.limits.max_prompt_tokens);
         self.published.set_gateway(settings.gateway);
         self.warn_unmapped();
     }
@@ -458,7 +460,8 @@ impl Coordinator {
                 if result.is_ok() {
                     placement::ranks_of(&placed, &mut self.ranks);
                     let explain = if req.explain { self.explained.reply() } else { None };
-                    wire::encode_ranks(out, id, &self.ranks, epoch, explain);
+                    let fallbacks = (req.fallbacks > 0).then(|| self.user.fallbacks());
+                    wire::encode_ranks(out, id, &self.ranks, epoch, explain, fallbacks);
                 }
                 self.placed = placed;
                 result?;

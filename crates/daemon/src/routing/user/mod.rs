@@ -19,7 +19,7 @@ use super::session::SessionTable;
 use super::window::DispatchWindow;
 use crate::config::{CacheAware, Settings};
 use crate::engines::routable::check_fixed;
-use crate::engines::{Accepted, EngineTable, RankSet, Unroutable};
+use crate::engines::{Accepted, EngineTable, RankSet, Target, Unroutable};
 use crate::wire::RouteRequest;
 
 #[derive(Debug)]
@@ -46,6 +46,10 @@ pub struct UserDispatcher {
     request_costs: Vec<f64>,
     /// Whether the balance guard held for a pick of the last route.
     guarded: bool,
+    /// Whether `request_costs` holds the last pick's per-request costs.
+    per_request: bool,
+    /// The last route's fallbacks: its next-best ranks, cheapest first.
+    fallbacks: Vec<u32>,
     /// The mean prompt length of recent placements (about the last
     /// [`PROMPT_WINDOW`]), 0 before the first: what a queued request is
     /// worth in tokens where the engine reports no token load.
@@ -79,6 +83,8 @@ impl UserDispatcher {
             cache: r.cache,
             request_costs: Vec::new(),
             guarded: false,
+            per_request: false,
+            fallbacks: Vec::new(),
             prompt_mean: 0.0,
             among: None,
         };
@@ -134,6 +140,13 @@ impl UserDispatcher {
     /// last route (its policy picks weighed load alone).
     pub fn guarded(&self) -> bool {
         self.guarded
+    }
+
+    /// The last route's fallbacks (`fallbacks` of the request): routable
+    /// ranks it did not place on, cheapest first by the policy's cost for
+    /// that request; none for a pin or a room.
+    pub fn fallbacks(&self) -> &[u32] {
+        &self.fallbacks
     }
 
     /// The policy's per-request prefix term, if it weighs the prompt.
@@ -215,6 +228,8 @@ impl UserDispatcher {
     ) -> Result<(), Unroutable> {
         out.clear();
         self.guarded = false;
+        self.per_request = false;
+        self.fallbacks.clear();
         if self.synced_epoch != Some(engines.epoch()) {
             self.refresh_all(engines);
         }
@@ -247,7 +262,24 @@ impl UserDispatcher {
                 }
             }
         }
+        if req.fallbacks > 0 && req.target == Target::Policy {
+            self.rank_fallbacks(req.fallbacks.into(), out);
+        }
         Ok(())
+    }
+
+    /// The `k` cheapest routable ranks not placed on, by the costs of the
+    /// last pick (per request for a prefix-aware one): where a gateway
+    /// sends the request should the placement's rank fail it.
+    fn rank_fallbacks(&mut self, k: usize, placed: &[Placement]) {
+        let costs = if self.per_request { &self.request_costs } else { &self.costs };
+        let mut others: Vec<(f64, u32)> = (self.routable.iter())
+            .filter(|&&r| !placed.iter().any(|p| p.rank == r))
+            .map(|&r| (costs[r as usize], r))
+            .filter(|(c, _)| c.is_finite())
+            .collect();
+        others.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.fallbacks.extend(others.iter().take(k).map(|&(_, r)| r));
     }
 
     /// A prefix-aware pick: each rank's cost for this request from the
@@ -266,6 +298,7 @@ impl UserDispatcher {
             let terms = RankTerms { cost, uncached: view.uncached(r) as f64, penalty: engines.get(r).penalty };
             self.request_costs.push((term.cost)(&terms, &self.cache));
         }
+        self.per_request = true;
         self.pick_by(engines, true)
     }
 
@@ -298,6 +331,12 @@ impl UserDispatcher {
                 None => Unroutable::NoEngine { dp_size },
             });
         }
+        if let Some(shed_waiting) = req.shed_waiting {
+            let least = self.shortest_queue(engines);
+            if least >= shed_waiting {
+                return Err(Unroutable::Saturated { shed_waiting, least });
+            }
+        }
         let Some(key) = req.session else { return Ok(None) };
         let rank = match self.sessions.peek(key, now).filter(|&r| self.keeps_session(r)) {
             Some(rank) => rank,
@@ -305,6 +344,13 @@ impl UserDispatcher {
         };
         self.sessions.assign(key, rank, now);
         Ok(Some(rank))
+    }
+
+    /// The fewest requests queued on a candidate rank: its engine's waiting
+    /// plus the placements not yet acknowledged (pending).
+    fn shortest_queue(&self, engines: &EngineTable) -> u64 {
+        let queued = |r: u32| engines.get(r).counts.waiting.saturating_add(self.ledgers[r as usize].pending);
+        self.routable.iter().map(|&r| queued(r)).min().unwrap_or(0)
     }
 
     /// A session stays while its rank is routable and not overloaded.

@@ -8,7 +8,17 @@ use crate::engines::{LoadReport, Target};
 use crate::routing::placement::ranks_of;
 
 fn req(n: u32, target: Target) -> RouteRequest<'static> {
-    RouteRequest { n, prompt_tokens: None, target, session: None, prompt: None, explain: false, among: None }
+    RouteRequest {
+        n,
+        prompt_tokens: None,
+        target,
+        session: None,
+        prompt: None,
+        explain: false,
+        among: None,
+        fallbacks: 0,
+        shed_waiting: None,
+    }
 }
 
 fn dispatcher(dp: u32, policy: PolicyKind) -> UserDispatcher {
@@ -266,4 +276,55 @@ fn reload_swaps_the_policy_and_keeps_the_books() {
     assert_eq!((d.policy(), d.pending(0)), (PolicyKind::LeastLoad, 3));
     // Rank 0 holds 3 pending (cost 13): least_load sends the next three to rank 1.
     assert_eq!(route(&mut d, &t, &req(3, Target::Policy)), [1, 1, 1]);
+}
+
+#[test]
+fn fallbacks_are_the_next_cheapest_ranks_not_placed_on() {
+    let mut t = table_with_up(5, &[0, 1, 2, 3]);
+    let mut d = dispatcher(5, PolicyKind::LeastLoad);
+    // Queues: rank 0 holds 3 waiting, rank 1 one, rank 2 none, rank 3 two; rank 4 is down.
+    for (rank, waiting) in [(0, 3), (1, 1), (3, 2)] {
+        report(&mut d, &mut t, upd(rank, 1, [waiting, 0, waiting, 0, 0]));
+    }
+    let asked = |k| RouteRequest { fallbacks: k, ..req(1, Target::Policy) };
+    assert_eq!(route(&mut d, &t, &asked(3)), [2]);
+    assert_eq!(d.fallbacks(), [1, 3, 0]);
+    // Rank 2 took a placement (pending costs 4): rank 1 (one waiting, 4) ties it and comes first.
+    assert_eq!(route(&mut d, &t, &asked(16)), [1]);
+    assert_eq!(d.fallbacks(), [2, 3, 0], "only the routable ranks, however many are asked for");
+    // A batch's fallbacks leave out every rank it placed on; a pin has none.
+    assert_eq!(route(&mut d, &t, &RouteRequest { n: 2, ..asked(2) }), [2, 3]);
+    assert_eq!(d.fallbacks(), [1, 0]);
+    assert_eq!(route(&mut d, &t, &RouteRequest { target: Target::Pinned(0), ..asked(2) }), [0]);
+    assert_eq!(d.fallbacks(), [] as [u32; 0]);
+    route(&mut d, &t, &req(1, Target::Policy));
+    assert_eq!(d.fallbacks(), [] as [u32; 0], "not asked for: none");
+}
+
+#[test]
+fn a_route_is_shed_only_when_every_candidate_queue_is_that_deep() {
+    let mut t = table_with_up(3, &[0, 1, 2]);
+    let mut d = dispatcher(3, PolicyKind::LeastLoad);
+    report(&mut d, &mut t, upd(0, 1, [4, 0, 4, 0, 0]));
+    report(&mut d, &mut t, upd(1, 1, [2, 0, 2, 0, 0]));
+    report(&mut d, &mut t, upd(2, 1, [3, 0, 3, 0, 0]));
+    let shed = |w| RouteRequest { shed_waiting: Some(w), session: Some("s"), ..req(2, Target::Policy) };
+    let mut out = Vec::new();
+    let routed = per_rank(&d, 3);
+    // The shortest queue is rank 1's 2 waiting.
+    let e = d.route(&shed(2), &t, None, Instant::now(), &mut out).unwrap_err();
+    assert_eq!(e, Unroutable::Saturated { shed_waiting: 2, least: 2 });
+    assert!(out.is_empty());
+    assert_eq!(per_rank(&d, 3), routed, "nothing placed");
+    assert_eq!(d.sessions(), 0, "no session bound");
+    // Pending counts as queued: two placements on rank 1 make its queue 4.
+    assert_eq!(route(&mut d, &t, &shed(3)), [1, 1]);
+    let e = d.route(&RouteRequest { session: None, ..shed(3) }, &t, None, Instant::now(), &mut out).unwrap_err();
+    assert_eq!(e, Unroutable::Saturated { shed_waiting: 3, least: 3 });
+    // A pin goes where it says, however deep the queues.
+    assert_eq!(route(&mut d, &t, &RouteRequest { target: Target::Pinned(0), ..shed(1) }), [0, 0]);
+    // `among` narrows the candidates: rank 2 alone (3 queued) is not shed at 4.
+    let mut among = crate::engines::RankSet::default();
+    among.insert(2);
+    assert_eq!(route(&mut d, &t, &RouteRequest { among: Some(among), session: None, ..shed(4) }), [2, 2]);
 }

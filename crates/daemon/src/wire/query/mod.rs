@@ -114,7 +114,17 @@ pub struct RouteRequest<'a> {
     pub explain: bool,
     /// `among` **(ext)**: the policy and sessions pick only from these ranks.
     pub among: Option<RankSet>,
+    /// `fallbacks` **(ext)**: how many next-best ranks the reply lists
+    /// after the placement (`0..=MAX_FALLBACKS`).
+    pub fallbacks: u8,
+    /// `shed_waiting` **(ext)**: a policy or session placement is refused
+    /// (`saturated`) when every candidate rank has at least this many
+    /// requests queued.
+    pub shed_waiting: Option<u64>,
 }
+
+/// The most `fallbacks` a route may ask for.
+pub const MAX_FALLBACKS: u8 = 16;
 
 /// A decoded query: its id and its op (`RouteOp` or `HealthOp`).
 #[derive(Debug, Clone, PartialEq)]
@@ -153,6 +163,8 @@ struct Fields<'a> {
     predicted: Option<Value<'a>>,
     delivered: Option<Value<'a>>,
     placed: Option<Value<'a>>,
+    fallbacks: Option<Value<'a>>,
+    shed_waiting: Option<Value<'a>>,
     /// The whole encoded array of `among` (read later).
     among: Option<&'a [u8]>,
     /// `tokens` (its count; the ids are in the decoder's buffer) and the
@@ -246,6 +258,8 @@ fn read_fields<'a>(
             "predicted" => &mut f.predicted,
             "delivered" => &mut f.delivered,
             "placed" => &mut f.placed,
+            "fallbacks" => &mut f.fallbacks,
+            "shed_waiting" => &mut f.shed_waiting,
             "lora" => &mut f.prompt.lora,
             "salt" => &mut f.prompt.salt,
             _ => continue, // unknown keys are ignored
@@ -334,7 +348,16 @@ fn decode_route<'a>(f: &Fields<'a>, lim: &QueryLimits, tokens: &'a [u32]) -> Res
         Some(other) => return Err(bad(format!("`explain` must be a boolean, got {}", other.type_name()))),
     };
     let among = f.among.map(|raw| decode_among(raw, lim.dp_size)).transpose()?;
-    Ok(RouteRequest { n, prompt_tokens, target, session, prompt, explain, among })
+    let fallbacks = match f.fallbacks.map(|v| uint("fallbacks", v)).transpose()? {
+        None => 0,
+        Some(k) if k <= u64::from(MAX_FALLBACKS) => k as u8,
+        Some(k) => return Err(bad(format!("`fallbacks` is {k}; at most {MAX_FALLBACKS} are listed"))),
+    };
+    let shed_waiting = match f.shed_waiting.map(|v| uint("shed_waiting", v)).transpose()? {
+        Some(0) => return Err(bad("`shed_waiting` must be at least 1 (leave it out to never shed)")),
+        other => other,
+    };
+    Ok(RouteRequest { n, prompt_tokens, target, session, prompt, explain, among, fallbacks, shed_waiting })
 }
 
 /// `among`: an array of ranks, each `0..dp_size`.

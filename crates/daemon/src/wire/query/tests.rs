@@ -61,6 +61,8 @@ fn route_with_all_fields() {
             prompt: None,
             explain: false,
             among: None,
+            fallbacks: 0,
+            shed_waiting: None,
         })
     );
 }
@@ -388,4 +390,26 @@ fn delivered_carries_a_rank_and_two_token_counts() {
         ErrorCode::InvalidRank
     );
     assert_eq!(code(&full, Channel::Health), ErrorCode::UnknownOp);
+}
+
+#[test]
+fn fallbacks_and_shed_waiting_are_bounded_counts() {
+    let route = |k: &str, v: rmpv::Value| q(&[("v", 1.into()), ("op", "route".into()), (k, v)]);
+    let decoded = |bytes: &[u8]| match decode_route_query(bytes, &LIM).map(|q| q.op) {
+        Ok(RouteOp::Route(r)) => Ok((r.fallbacks, r.shed_waiting)),
+        Ok(other) => panic!("{other:?}"),
+        Err(e) => Err((e.error.code, e.error.message)),
+    };
+    assert_eq!(decoded(&route("fallbacks", 16.into())), Ok((16, None)));
+    assert_eq!(decoded(&route("fallbacks", rmpv::Value::Nil)), Ok((0, None)));
+    assert_eq!(decoded(&route("shed_waiting", 5.into())), Ok((0, Some(5))));
+    let refused = [
+        (route("fallbacks", 17.into()), "`fallbacks` is 17; at most 16 are listed"),
+        (route("fallbacks", (-1).into()), "`fallbacks` must be a non-negative integer, got -1"),
+        (route("shed_waiting", 0.into()), "`shed_waiting` must be at least 1 (leave it out to never shed)"),
+        (route("shed_waiting", "4".into()), "`shed_waiting` must be an integer, got a string"),
+    ];
+    for (bytes, message) in refused {
+        assert_eq!(decoded(&bytes), Err((ErrorCode::BadRequest, message.to_owned())));
+    }
 }
