@@ -21,12 +21,12 @@ use crate::Mode;
 /// Tokens per KV block (vLLM's default).
 const BLOCK: u32 = 16;
 
-fn data() -> PathBuf {
+pub(crate) fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/daemon/testdata/tokenizers/qwen3")
 }
 
 /// Qwen3's tokenizer.json, unzipped into `dir`.
-fn unzip(dir: &Path) -> PathBuf {
+pub(crate) fn unzip(dir: &Path) -> PathBuf {
     let gz = std::fs::read(data().join("tokenizer.json.gz")).expect("the Qwen3 fixture");
     let mut json = Vec::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut json).expect("a gzipped tokenizer.json");
@@ -36,7 +36,7 @@ fn unzip(dir: &Path) -> PathBuf {
 }
 
 /// English-like text of about `paragraphs * 20` tokens.
-fn text(paragraphs: usize) -> String {
+pub(crate) fn text(paragraphs: usize) -> String {
     (0..paragraphs)
         .map(|i| format!("Paragraph {i}: the quick brown fox jumps over the lazy dog, {} times.\n", i * 7))
         .collect()
