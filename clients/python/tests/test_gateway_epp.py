@@ -376,3 +376,24 @@ def test_a_prompt_above_max_prompt_tokens_is_routed_on_its_leading_part(start_da
     eventually("done", lambda: pending(d) == [0, 0])
     assert d.metric("dpcoord_route_errors_total", 'code="too_large"') == 0
     assert d.metric("dpcoord_gateway_requests_total", 'outcome="routed"') == 1
+
+
+def test_a_burst_of_picks_is_answered_in_full(start_daemon, engines, tmp_path):
+    # A large max_batch makes the route socket queue few replies per peer
+    # (each could be that large); the picker keeps no more in flight.
+    port = free_port()
+    cfg = tmp_path / "epp.toml"
+    cfg.write_text(config(port, 2, [A, B]).replace("[gateway]", "[limits]\nmax_batch = 65536\n[gateway]"))
+    d = start_daemon("--config", str(cfg))
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(ch).result(timeout=DEADLINE)
+    bring_up(d, engines, [0, 1])
+    streams = [Stream(ch) for _ in range(150)]
+    for s in streams:
+        request(s, chunk=1 << 20)
+    got = [picked(s)[0] for s in streams]
+    assert sorted(got) == [A] * 75 + [B] * 75, "round robin over a burst, every pick answered"
+    assert pending(d) == [75, 75]
+    for s, endpoint in zip(streams, got):
+        respond(s, endpoint)
+    eventually("all done", lambda: pending(d) == [0, 0])

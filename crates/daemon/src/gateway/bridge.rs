@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 /// Where the route ROUTER also listens for the picker.
 pub const ENDPOINT: &str = "inproc://dpcoord-gateway";
@@ -81,12 +81,16 @@ type Ask = (Query, oneshot::Sender<Reply>);
 pub struct Bridge {
     tx: mpsc::Sender<Ask>,
     wake: Arc<Mutex<UnixStream>>,
+    /// Queries in flight, at most the replies the route socket queues for
+    /// the bridge's DEALER (libzmq drops a reply beyond them).
+    in_flight: Arc<Semaphore>,
 }
 
 impl Bridge {
     /// Connects a DEALER to [`ENDPOINT`] (bound by the route socket first)
-    /// and starts the thread.
-    pub fn start(ctx: &zmq::Context) -> std::io::Result<Bridge> {
+    /// and starts the thread; at most `in_flight` queries wait for a reply
+    /// at a time, the others wait their turn.
+    pub fn start(ctx: &zmq::Context, in_flight: usize) -> std::io::Result<Bridge> {
         let dealer = ctx.socket(zmq::DEALER).map_err(std::io::Error::other)?;
         dealer.set_linger(0).map_err(std::io::Error::other)?;
         dealer.connect(ENDPOINT).map_err(std::io::Error::other)?;
@@ -95,11 +99,14 @@ impl Bridge {
         wake_tx.set_nonblocking(true)?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name("gateway-bridge".into()).spawn(move || serve(&dealer, &rx, wake_rx))?;
-        Ok(Bridge { tx, wake: Arc::new(Mutex::new(wake_tx)) })
+        let in_flight = Arc::new(Semaphore::new(in_flight.max(1)));
+        Ok(Bridge { tx, wake: Arc::new(Mutex::new(wake_tx)), in_flight })
     }
 
     /// Asks the coordinator; `None` when the bridge has stopped.
     pub async fn ask(&self, q: Query) -> Option<Reply> {
+        // Held until the reply is in (or the bridge gave up on it).
+        let _turn = self.in_flight.acquire().await.ok()?;
         let (tx, rx) = oneshot::channel();
         self.tx.send((q, tx)).ok()?;
         if let Ok(mut w) = self.wake.lock() {

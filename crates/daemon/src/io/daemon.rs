@@ -50,7 +50,12 @@ impl Daemon {
         let gateway_metrics = crate::gateway::metrics::GatewayMetrics::new(&registry, cfg.settings.engines.dp_size);
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
         let bridge = match cfg.server.epp_bind {
-            Some(_) => Some(crate::gateway::Bridge::start(&sockets.context()).map_err(TransportError::Thread)?),
+            Some(_) => {
+                // No more picks in flight than the route socket queues
+                // replies for one peer: none is dropped.
+                let in_flight = crate::io::sockets::reply_queue(crate::wire::Channel::Route, cfg) as usize;
+                Some(crate::gateway::Bridge::start(&sockets.context(), in_flight).map_err(TransportError::Thread)?)
+            }
             None => None,
         };
         let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now())

@@ -87,6 +87,14 @@ pub fn reply_hwm(max_reply: usize) -> i32 {
     (PEER_REPLY_BYTES / message).clamp(MIN_HWM, MAX_QUERY_HWM) as i32
 }
 
+/// How many replies a query socket queues for one peer (its send
+/// high-water mark): beyond it libzmq drops them, so a peer with more
+/// queries in flight than this can lose answers.
+pub fn reply_queue(ch: Channel, cfg: &Config) -> i32 {
+    let lim = &cfg.settings.limits;
+    reply_hwm(crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_ceiling(), lim.max_batch))
+}
+
 /// A receive high-water mark from a byte budget: `budget` over `limit`,
 /// the largest frame libzmq lets in, within `least..=most`. Bound sockets
 /// use [`PEER_INBOUND_BYTES`] per peer, connecting sources their own.
@@ -131,9 +139,7 @@ fn router(ctx: &zmq::Context, ch: Channel, ep: &str, cfg: &Config) -> Result<(zm
     s.set_linger(LINGER_MS).map_err(sock_err(name))?;
     s.set_rcvhwm(bytes_hwm(PEER_INBOUND_BYTES, backstop(cfg), MIN_INBOUND_HWM, MAX_QUERY_HWM))
         .map_err(sock_err(name))?;
-    let lim = &cfg.settings.limits;
-    let max_reply = crate::wire::max_reply_bytes(ch, cfg.settings.engines.dp_ceiling(), lim.max_batch);
-    s.set_sndhwm(reply_hwm(max_reply)).map_err(sock_err(name))?;
+    s.set_sndhwm(reply_queue(ch, cfg)).map_err(sock_err(name))?;
     s.set_ipv6(true).map_err(sock_err(name))?;
     let key = match ch {
         Channel::Route => &keys::ROUTE_BIND.key,
