@@ -397,3 +397,33 @@ def test_a_burst_of_picks_is_answered_in_full(start_daemon, engines, tmp_path):
     for s, endpoint in zip(streams, got):
         respond(s, endpoint)
     eventually("all done", lambda: pending(d) == [0, 0])
+
+
+def test_a_request_without_a_body_goes_to_a_routable_rank_in_turn(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path, dp=3)
+    e = bring_up(d, engines, [0, 1, 2])
+    e.silence(1)
+    eventually("rank 1 down", lambda: d.statuses()[1] == "down")
+    got = []
+    for _ in range(4):
+        s = Stream(ch)
+        mode = pm.ProcessingMode.FULL_DUPLEX_STREAMED
+        s.send(
+            protocol_config=ep.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode),
+            request_headers=ep.HttpHeaders(headers=headers({":method": "GET", ":path": "/v1/models"}), end_of_stream=True),
+        )
+        r = s.recv()
+        assert r.WhichOneof("response") == "request_headers", r
+        hs = {o.header.key: o.header.raw_value.decode() for o in r.request_headers.response.header_mutation.set_headers}
+        assert r.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value == hs[DEST]
+        got.append(hs[DEST])
+        respond(s, hs[DEST])
+    assert got == [A, C, A, C], "routable ranks in turn, the down one skipped"
+    assert pending(d) == [0, 0, 0] and routed(d) == [0, 0, 0], "no inference request: nothing booked"
+    assert d.metric("dpcoord_gateway_requests_total", 'outcome="routed_bodyless"') == 4
+    assert d.metric("dpcoord_gateway_requests_total", 'outcome="rejected_reset"') == 0
+    # A POST without its body is an inference request missing it.
+    s = Stream(ch)
+    s.send(request_headers=ep.HttpHeaders(headers=headers({":method": "POST", ":path": "/v1/completions"}), end_of_stream=True))
+    r = immediate(s)
+    assert r.status.code == 400 and b"model" in r.body, r.body

@@ -10,6 +10,9 @@ use crate::observability::metrics::{built, register};
 pub enum Outcome {
     /// A rank picked and its endpoint given to the gateway.
     Routed,
+    /// A request without a body (`GET /v1/models`): a routable rank's
+    /// endpoint in turn, nothing booked.
+    RoutedBodyless,
     /// A body that cannot be routed (not JSON, no model, no prompt): 400.
     RejectedBadRequest,
     /// A body above `gateway.max_body_bytes`: 413.
@@ -25,8 +28,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Routed,
+        Outcome::RoutedBodyless,
         Outcome::RejectedBadRequest,
         Outcome::RejectedTooLarge,
         Outcome::RejectedNoRank,
@@ -38,6 +42,7 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Routed => "routed",
+            Outcome::RoutedBodyless => "routed_bodyless",
             Outcome::RejectedBadRequest => "rejected_bad_request",
             Outcome::RejectedTooLarge => "rejected_too_large",
             Outcome::RejectedNoRank => "rejected_no_rank",

@@ -60,7 +60,12 @@ impl Server {
 
 /// Whether a gateway should send requests: some rank is up or stale.
 fn ready(published: &Published) -> bool {
-    published.state().ranks.iter().any(|r| r.status == "up" || r.status == "stale")
+    published.state().ranks.iter().any(|r| routable(r.status))
+}
+
+/// Whether a rank of this status takes requests (up or stale).
+fn routable(status: &str) -> bool {
+    status == "up" || status == "stale"
 }
 
 /// Serves the picker and the gRPC health service on `listener` (already
@@ -76,8 +81,15 @@ pub fn spawn(
 ) -> Server {
     let prompts = Arc::new(prompts);
     let endpoints = Arc::new(endpoints::Endpoints::new(published.gateway()));
-    let picker =
-        service::Picker { bridge, published: Arc::clone(&published), endpoints, prompts, max_query_bytes, metrics };
+    let picker = service::Picker {
+        bridge,
+        published: Arc::clone(&published),
+        endpoints,
+        prompts,
+        max_query_bytes,
+        metrics,
+        bodyless: Arc::default(),
+    };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();

@@ -74,16 +74,33 @@ fn lb_metadata(endpoint: &str) -> Struct {
     Struct { fields: [("envoy.lb".to_owned(), Value { kind: Some(Kind::StructValue(inner)) })].into() }
 }
 
+/// The answer to a request's headers that name its endpoint: a request
+/// without a body, whose headers are all the picker sees.
+pub fn picked_headers(p: &Pick<'_>) -> ep::ProcessingResponse {
+    let common = ep::CommonResponse {
+        header_mutation: Some(ep::HeaderMutation { set_headers: pick_headers(p), ..Default::default() }),
+        clear_route_cache: true,
+        ..Default::default()
+    };
+    let r = Out::RequestHeaders(ep::HeadersResponse { response: Some(common) });
+    ep::ProcessingResponse { response: Some(r), dynamic_metadata: Some(lb_metadata(p.endpoint)), ..Default::default() }
+}
+
+/// The destination header, and the rank header when the gateway uses one.
+fn pick_headers(p: &Pick<'_>) -> Vec<HeaderValueOption> {
+    let mut set = vec![header(DESTINATION, p.endpoint)];
+    if let Some(h) = p.rank_header {
+        set.push(header(h, &p.rank.to_string()));
+    }
+    set
+}
+
 /// What the gateway gets for a pick: the destination header (and the
 /// rank header), the same endpoint in the `envoy.lb` metadata, and in
 /// full-duplex streaming the body, which the gateway forwards as returned.
 /// Buffered, the headers ride on the body's answer.
 pub fn picked(p: &Pick<'_>, body: Vec<u8>, buffered: bool) -> Vec<ep::ProcessingResponse> {
-    let mut set = vec![header(DESTINATION, p.endpoint)];
-    if let Some(h) = p.rank_header {
-        set.push(header(h, &p.rank.to_string()));
-    }
-    let mutation = Some(ep::HeaderMutation { set_headers: set, ..Default::default() });
+    let mutation = Some(ep::HeaderMutation { set_headers: pick_headers(p), ..Default::default() });
     let common = ep::CommonResponse { header_mutation: mutation, clear_route_cache: true, ..Default::default() };
     let metadata = Some(lb_metadata(p.endpoint));
     if buffered {
@@ -116,6 +133,12 @@ pub fn served_metadata(m: &Metadata) -> Option<String> {
         Kind::StringValue(s) => s.split(',').next().map(|e| e.trim().to_owned()),
         _ => None,
     }
+}
+
+/// A request's `:method`, if its headers carry one.
+pub fn method(headers: Option<&HeaderMap>) -> Option<String> {
+    let h = headers?.headers.iter().find(|h| h.key == ":method")?;
+    Some(if h.raw_value.is_empty() { h.value.clone() } else { String::from_utf8_lossy(&h.raw_value).into_owned() })
 }
 
 /// The response's `:status` and the endpoint that served it (`served`).

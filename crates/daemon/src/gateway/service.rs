@@ -4,6 +4,7 @@
 //! metadata; then the response's headers (the endpoint that served it) and
 //! its end, booked with a `finished` query.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
@@ -44,6 +45,8 @@ pub struct Picker {
     /// (`limits.max_message_bytes`): a prompt is cut to fit it.
     pub max_query_bytes: usize,
     pub metrics: GatewayMetrics,
+    /// The turn of requests without a body among the routable ranks.
+    pub bodyless: Arc<AtomicU32>,
 }
 
 /// One request's stream, as far as it went.
@@ -121,9 +124,13 @@ impl Picker {
         match req {
             In::RequestHeaders(h) => {
                 if h.end_of_stream {
-                    return self
-                        .reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest)
-                        .await;
+                    // A POST without a body is an inference request missing it.
+                    if reply::method(h.headers.as_ref()).is_none_or(|m| m == "POST") {
+                        return self
+                            .reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest)
+                            .await;
+                    }
+                    return self.pass(s, out).await;
                 }
                 if s.buffered {
                     send(out, reply::headers_ok()).await;
@@ -254,6 +261,32 @@ impl Picker {
         for m in reply::picked(&pick, std::mem::take(&mut s.body), s.buffered) {
             send(out, m).await;
         }
+        false
+    }
+
+    /// A request without a body (`GET /v1/models`, a health check): the
+    /// next routable eligible rank's endpoint, as of the last tick, in
+    /// turn; nothing booked, since it is no inference request. The stream
+    /// goes on for its response, which books nothing either.
+    async fn pass(&self, s: &mut Stream, out: &Out) -> bool {
+        let gateway = self.endpoints.resolved(self.published.gateway());
+        let state = self.published.state();
+        let among = match subset::eligible(&gateway, self.published.dp_size(), s.subset.as_deref()) {
+            Ok(among) => among,
+            Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
+        };
+        let up: Vec<u32> = (among.into_iter())
+            .filter(|&r| state.ranks.get(r as usize).is_some_and(|v| super::routable(v.status)))
+            .collect();
+        let turn = self.bodyless.fetch_add(1, Ordering::Relaxed) as usize;
+        let Some((rank, endpoint)) = up.get(turn % up.len().max(1)).and_then(|&r| Some((r, gateway.endpoint(r)?)))
+        else {
+            let why = "no routable rank: none of the eligible ranks is up or stale".to_owned();
+            return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await;
+        };
+        self.metrics.outcome(Outcome::RoutedBodyless);
+        s.finished = true;
+        send(out, reply::picked_headers(&Pick { endpoint, rank, rank_header: gateway.rank_header.as_deref() })).await;
         false
     }
 
