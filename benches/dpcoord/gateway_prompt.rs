@@ -72,19 +72,19 @@ pub fn run(mode: Mode, report: &mut Report) {
         ChatMessage { role: "system".into(), content: "You are a careful reader.".into() },
         ChatMessage { role: "user".into(), content: body },
     ]);
-    let ids = match enc.encode(&completion) {
-        Encoded::Tokens(ids) => ids,
+    let ids = match enc.encode(&completion, usize::MAX) {
+        Encoded::Tokens { ids, .. } => ids,
         other => panic!("tokenizer mode expected, got {}", other.mode()),
     };
-    assert_eq!(enc.encode(&chat).mode(), "tokenizer");
+    assert_eq!(enc.encode(&chat, usize::MAX).mode(), "tokenizer");
     let seed = chain_seed(None, None);
     let mut keys = Vec::with_capacity(ids.len() / BLOCK as usize);
 
     let mut rows = vec![
-        ("tokenizer", "completion", time(slow_n, || enc.encode(&completion))),
-        ("tokenizer", "chat (template + encode)", time(slow_n, || enc.encode(&chat))),
-        ("text", "completion", time(fast_n, || text_enc.encode(&completion))),
-        ("text", "chat", time(fast_n, || text_enc.encode(&chat))),
+        ("tokenizer", "completion", time(slow_n, || enc.encode(&completion, usize::MAX))),
+        ("tokenizer", "chat (template + encode)", time(slow_n, || enc.encode(&chat, usize::MAX))),
+        ("text", "completion", time(fast_n, || text_enc.encode(&completion, usize::MAX))),
+        ("text", "chat", time(fast_n, || text_enc.encode(&chat, usize::MAX))),
     ];
     let from_ids = time(fast_n, || {
         keys.clear();

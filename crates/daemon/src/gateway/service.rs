@@ -292,21 +292,23 @@ impl Picker {
 
     /// The query's prompt: the engine's token ids (with a tokenizer), else
     /// text keys, each cut to the leading part that fits the route socket's
-    /// message limit (a prefix is still a prefix; the length is the whole).
+    /// message limit (a prefix is still a prefix; the length is the
+    /// whole, estimated past a cut the tokenizer did not read).
     /// Tokenizing runs on the blocking pool, not the gRPC tasks' thread.
     async fn key_prompt(&self, q: &mut Query, gateway: &crate::config::Gateway, prompt: super::PromptText) {
         let encoder = self.prompts.encoder(gateway);
         let estimate = prompt.estimated_tokens();
-        let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt)).await.ok();
         // 2 KiB for the rest of the query; at most 5 bytes an id, 9 a key;
-        // and no more than `limits.max_prompt_tokens` lets in.
+        // and no more than `limits.max_prompt_tokens` lets in. A longer
+        // prompt is tokenized only about that far.
         let room = self.max_query_bytes.saturating_sub(2048);
         let most = self.published.max_prompt_tokens() as usize;
+        let ids = (room / 5).min(most);
+        let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt, ids)).await.ok();
         match encoded {
-            Some(Encoded::Tokens(mut ids)) => {
+            Some(Encoded::Tokens { ids, whole }) => {
                 self.metrics.prompt(super::prompt::MODE_TOKENIZER);
-                q.prompt_tokens = Some(ids.len() as u64);
-                ids.truncate((room / 5).min(most));
+                q.prompt_tokens = Some(whole);
                 q.tokens = Some(ids);
             }
             Some(Encoded::TextKeys(mut keys)) => {

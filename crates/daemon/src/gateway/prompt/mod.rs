@@ -26,6 +26,14 @@ use tokenizers::Tokenizer;
 use self::template::ChatTemplate;
 use super::PromptText;
 
+/// A prompt longer than this many bytes per token wanted is tokenized up
+/// to there only: no tokenizing beyond what a route query can carry.
+const CUT_BYTES_PER_TOKEN: usize = 8;
+/// Token ids dropped at the end of a cut prompt's leading part: the last
+/// word's tokens (and a special token a post-processor appends) may differ
+/// from the whole prompt's.
+const CUT_TAIL: usize = 8;
+
 /// The mode label of [`Encoded::Tokens`], for metrics.
 pub const MODE_TOKENIZER: &str = "tokenizer";
 /// The mode label of [`Encoded::TextKeys`], for metrics.
@@ -34,8 +42,9 @@ pub const MODE_TEXT: &str = "text";
 /// What a `route` query carries for a prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Encoded {
-    /// The engine's token ids: the query's `tokens`.
-    Tokens(Vec<u32>),
+    /// The engine's token ids, the leading ones of a long prompt: the
+    /// query's `tokens`; and the whole prompt's length in tokens.
+    Tokens { ids: Vec<u32>, whole: u64 },
     /// Text-approximate block keys: the query's `block_keys`.
     TextKeys(Vec<u64>),
 }
@@ -44,7 +53,7 @@ impl Encoded {
     /// `"tokenizer"` or `"text"`.
     pub fn mode(&self) -> &'static str {
         match self {
-            Encoded::Tokens(_) => MODE_TOKENIZER,
+            Encoded::Tokens { .. } => MODE_TOKENIZER,
             Encoded::TextKeys(_) => MODE_TEXT,
         }
     }
@@ -132,27 +141,44 @@ impl PromptEncoder {
         self.model.as_ref().and_then(|m| m.chat.as_ref().err())
     }
 
-    /// The token ids, or text keys when there is no tokenizer or it fails
-    /// on this prompt (a chat template that raises or uses what minijinja
-    /// lacks); [`tokenize`](Self::tokenize) says why.
-    pub fn encode(&self, p: &PromptText) -> Encoded {
-        match self.tokenize(p) {
-            Ok(ids) => Encoded::Tokens(ids),
+    /// At most `most` of the token ids ([`tokenize`](Self::tokenize)), or
+    /// text keys when there is no tokenizer or it fails on this prompt (a
+    /// chat template that raises or uses what minijinja lacks);
+    /// `tokenize` says why.
+    pub fn encode(&self, p: &PromptText, most: usize) -> Encoded {
+        match self.tokenize(p, most) {
+            Ok((ids, whole)) => Encoded::Tokens { ids, whole },
             Err(_) => Encoded::TextKeys(self.text_keys(p)),
         }
     }
 
-    /// The token ids the engine computes for `p`.
-    pub fn tokenize(&self, p: &PromptText) -> Result<Vec<u32>, PromptError> {
+    /// At most `most` of the token ids the engine computes for `p`, its
+    /// leading ones, and the prompt's whole length in tokens. A prompt of
+    /// more than `most` * 8 bytes (after its chat template) is tokenized
+    /// up to about there, cut where a run of whitespace starts, less its
+    /// last few ids; its whole length is then the ids per byte of that part
+    /// times its bytes. So a huge prompt costs no more tokenizing than a
+    /// route query can carry ids.
+    pub fn tokenize(&self, p: &PromptText, most: usize) -> Result<(Vec<u32>, u64), PromptError> {
         let model = self.model.as_ref().ok_or(PromptError::NoTokenizer)?;
-        match p {
-            PromptText::Completion(text) => model.ids(text, true),
+        let (text, special) = match p {
+            PromptText::Completion(text) => (std::borrow::Cow::Borrowed(text.as_str()), true),
             PromptText::Chat(messages) => {
                 let chat = model.chat.as_ref().map_err(Clone::clone)?;
-                let text = chat.render(messages).map_err(PromptError::Template)?;
-                model.ids(&text, false)
+                (std::borrow::Cow::Owned(chat.render(messages).map_err(PromptError::Template)?), false)
             }
+        };
+        let cut = leading_cut(&text, most.saturating_mul(CUT_BYTES_PER_TOKEN));
+        if cut == text.len() {
+            let mut ids = model.ids(&text, special)?;
+            let whole = ids.len() as u64;
+            ids.truncate(most);
+            return Ok((ids, whole));
         }
+        let mut ids = model.ids(&text[..cut], special)?;
+        let whole = (ids.len() as u128 * text.len() as u128 / cut.max(1) as u128) as u64;
+        ids.truncate(ids.len().saturating_sub(CUT_TAIL).min(most));
+        Ok((ids, whole))
     }
 
     /// The text-mode keys of `p`, whatever the mode.
@@ -166,6 +192,20 @@ impl PromptEncoder {
         }
         keys
     }
+}
+
+/// Where to cut `text` to keep about `bytes` of it: the whole when it is
+/// no longer; else the start of the last run of whitespace in the quarter
+/// before `bytes` (so no word is split), or the char boundary at `bytes`.
+fn leading_cut(text: &str, bytes: usize) -> usize {
+    if text.len() <= bytes {
+        return text.len();
+    }
+    let end = (0..=bytes).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    let b = text.as_bytes();
+    let from = end - end / 4;
+    // `end < text.len()`: `b[end]` exists.
+    (from.max(1)..=end).rev().find(|&i| b[i].is_ascii_whitespace() && !b[i - 1].is_ascii_whitespace()).unwrap_or(end)
 }
 
 impl Model {

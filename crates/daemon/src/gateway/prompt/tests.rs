@@ -65,9 +65,10 @@ fn token_ids_are_what_transformers_computes() {
                 let rendered = enc.model.as_ref().unwrap().chat.as_ref().unwrap().render(m).unwrap();
                 assert_eq!(rendered, text, "{model} case {i}: the rendered template");
             }
-            let got = enc.encode(&prompt);
+            let got = enc.encode(&prompt, usize::MAX);
             assert_eq!(got.mode(), MODE_TOKENIZER);
-            assert_eq!(got, Encoded::Tokens(want), "{model} case {i}");
+            let whole = want.len() as u64;
+            assert_eq!(got, Encoded::Tokens { ids: want, whole }, "{model} case {i}");
         }
     }
 }
@@ -77,10 +78,10 @@ fn completions_get_the_post_processors_specials_and_chats_none_added() {
     let dir = tempfile::tempdir().unwrap();
     // DeepSeek-V3's template writes its BOS (id 0); its post-processor adds none.
     let ds = encoder("deepseek_v3", dir.path());
-    let chat = ds.tokenize(&PromptText::Chat(vec![msg("user", "hi")])).unwrap();
+    let chat = ds.tokenize(&PromptText::Chat(vec![msg("user", "hi")]), usize::MAX).unwrap().0;
     assert_eq!(chat.iter().filter(|&&t| t == 0).count(), 1);
     assert_eq!(chat[0], 0);
-    let completion = ds.tokenize(&PromptText::Completion("hi".into())).unwrap();
+    let completion = ds.tokenize(&PromptText::Completion("hi".into()), usize::MAX).unwrap().0;
     assert!(!completion.contains(&0), "{completion:?}");
 }
 
@@ -89,15 +90,15 @@ fn without_a_tokenizer_prompts_are_text_keys() {
     let enc = PromptEncoder::from_files(None, None, 4).unwrap();
     assert!(!enc.has_tokenizer());
     let text = "x".repeat(100); // 25 pseudo-tokens: 6 blocks of 4
-    let got = enc.encode(&PromptText::Completion(text.clone()));
+    let got = enc.encode(&PromptText::Completion(text.clone()), usize::MAX);
     assert_eq!(got.mode(), MODE_TEXT);
     let Encoded::TextKeys(keys) = got else { unreachable!() };
     assert_eq!(keys.len(), 6);
-    let longer = enc.encode(&PromptText::Completion(text + "tail of the prompt, more blocks"));
+    let longer = enc.encode(&PromptText::Completion(text + "tail of the prompt, more blocks"), usize::MAX);
     let Encoded::TextKeys(longer) = longer else { unreachable!() };
     assert_eq!(longer[..6], keys[..]);
-    assert_eq!(enc.tokenize(&PromptText::Completion("a".into())), Err(PromptError::NoTokenizer));
-    let chat = enc.encode(&PromptText::Chat(vec![msg("user", &"q".repeat(64))]));
+    assert_eq!(enc.tokenize(&PromptText::Completion("a".into()), usize::MAX), Err(PromptError::NoTokenizer));
+    let chat = enc.encode(&PromptText::Chat(vec![msg("user", &"q".repeat(64))]), usize::MAX);
     assert!(matches!(chat, Encoded::TextKeys(ref k) if k.len() == 4), "{chat:?}");
 }
 
@@ -119,8 +120,8 @@ fn a_template_minijinja_cannot_compile_falls_back_to_text_and_says_why() {
     );
     let why = enc.chat_template_problem().expect("a problem").to_string();
     assert!(why.starts_with("the chat template cannot be rendered:") && why.contains("generation"), "{why}");
-    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("user", "hi")])).mode(), MODE_TEXT);
-    assert_eq!(enc.encode(&PromptText::Completion("hi".into())).mode(), MODE_TOKENIZER);
+    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("user", "hi")]), usize::MAX).mode(), MODE_TEXT);
+    assert_eq!(enc.encode(&PromptText::Completion("hi".into()), usize::MAX).mode(), MODE_TOKENIZER);
 }
 
 #[test]
@@ -130,11 +131,11 @@ fn a_template_that_raises_or_fails_falls_back_for_that_request_only() {
                {{ messages[0].content.upper() }}{{ eos_token }}";
     let enc = with_template(dir.path(), src);
     assert!(enc.chat_template_problem().is_none());
-    let err = enc.tokenize(&PromptText::Chat(vec![msg("system", "s")])).unwrap_err().to_string();
+    let err = enc.tokenize(&PromptText::Chat(vec![msg("system", "s")]), usize::MAX).unwrap_err().to_string();
     assert!(err.contains("first must be user"), "{err}");
-    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("system", "s")])).mode(), MODE_TEXT);
-    assert_eq!(enc.encode(&PromptText::Chat(vec![])).mode(), MODE_TEXT);
-    let ok = enc.tokenize(&PromptText::Chat(vec![msg("user", "hi")])).unwrap();
+    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("system", "s")]), usize::MAX).mode(), MODE_TEXT);
+    assert_eq!(enc.encode(&PromptText::Chat(vec![]), usize::MAX).mode(), MODE_TEXT);
+    let (ok, _) = enc.tokenize(&PromptText::Chat(vec![msg("user", "hi")]), usize::MAX).unwrap();
     assert_eq!(ok, enc.model.as_ref().unwrap().ids("HI<|im_end|>", false).unwrap());
 }
 
@@ -143,7 +144,7 @@ fn no_chat_template_means_text_mode_for_chats() {
     let dir = tempfile::tempdir().unwrap();
     let enc = PromptEncoder::from_files(Some(&unzip("qwen3", dir.path())), None, 16).unwrap();
     assert_eq!(enc.chat_template_problem(), Some(&PromptError::NoTemplate));
-    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("user", "hi")])).mode(), MODE_TEXT);
+    assert_eq!(enc.encode(&PromptText::Chat(vec![msg("user", "hi")]), usize::MAX).mode(), MODE_TEXT);
 }
 
 #[test]
@@ -166,4 +167,62 @@ fn loading_errors_are_plain() {
     assert!(e.to_string().contains("is not a tokenizer.json"), "{e}");
     assert_eq!(PromptEncoder::from_files(None, Some(&missing), 16).unwrap_err(), PromptError::ConfigWithoutTokenizer);
     assert_eq!(PromptEncoder::from_files(None, None, 0).unwrap_err(), PromptError::BlockSize);
+}
+
+/// Prose with the places a tokenizer's chunks join across whitespace:
+/// sentence ends before blank lines, numbers, runs of spaces.
+fn long_text(paragraphs: usize) -> String {
+    (0..paragraphs)
+        .map(|i| format!("Paragraph {i} says the rank took {} tokens.\n\n  Then   more, 12345 of them; ", i * 37))
+        .collect()
+}
+
+#[test]
+fn a_long_prompt_is_tokenized_only_as_far_as_a_query_carries_and_its_ids_lead_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["qwen3", "deepseek_v3"] {
+        let enc = encoder(model, dir.path());
+        let text = long_text(600);
+        let prompts = [
+            PromptText::Completion(text.clone()),
+            PromptText::Chat(vec![msg("system", "be brief"), msg("user", &text)]),
+        ];
+        for p in &prompts {
+            let (all, whole) = enc.tokenize(p, usize::MAX).unwrap();
+            assert_eq!(whole, all.len() as u64, "{model}: not cut, exact");
+            // Cuts at many places: each leading part is the whole's first ids.
+            for most in [100, 257, 1000, 1999] {
+                let (ids, estimate) = enc.tokenize(p, most).unwrap();
+                assert_eq!(ids.len(), most, "{model}: about 8 bytes a token were read, more than enough");
+                assert_eq!(ids[..], all[..most], "{model}, most {most}");
+                // The whole length: the part read's ids per byte times the bytes.
+                let (text, special) = match p {
+                    PromptText::Completion(t) => (t.clone(), true),
+                    PromptText::Chat(m) => {
+                        (enc.model.as_ref().unwrap().chat.as_ref().unwrap().render(m).unwrap(), false)
+                    }
+                };
+                let cut = leading_cut(&text, most * 8);
+                let read = enc.model.as_ref().unwrap().ids(&text[..cut], special).unwrap().len();
+                assert_eq!(estimate, (read * text.len() / cut) as u64, "{model}, most {most}");
+                assert!((most as u64..2 * whole).contains(&estimate), "{model}, most {most}: {estimate} for {whole}");
+            }
+            // Not cut when the prompt is within 8 bytes a token of it.
+            let (ids, estimate) = enc.tokenize(p, all.len()).unwrap();
+            assert_eq!((ids, estimate), (all.clone(), whole));
+        }
+    }
+}
+
+#[test]
+fn a_cut_falls_where_whitespace_starts_and_never_inside_a_char() {
+    assert_eq!(leading_cut("short", 8), 5, "not cut");
+    let words = "word ".repeat(100);
+    assert_eq!(leading_cut(&words, 203), 199, "before the space ahead of the next word");
+    assert_eq!(leading_cut(&words, 204), 204, "on it");
+    let run = format!("{}{}{}", "x".repeat(100), " ".repeat(20), "y".repeat(100));
+    assert_eq!(leading_cut(&run, 115), 100, "at the start of a run of spaces");
+    // No whitespace near: the char boundary at or before the byte count.
+    let cjk = "数据并行".repeat(10);
+    assert_eq!(leading_cut(&cjk, 7), 6);
 }
