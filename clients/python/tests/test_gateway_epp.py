@@ -26,25 +26,42 @@ BODY = json.dumps({"model": "m", "prompt": "hello " * 40}).encode()
 
 
 def config(
-    port: int, dp: int, eps: list[str], rank_header: str = "", cap: int = 4 << 20, max_dp: int = 0, extra: str = ""
+    port: int,
+    dp: int,
+    eps: list[str],
+    rank_header: str = "",
+    cap: int = 4 << 20,
+    max_dp: int = 0,
+    extra: str = "",
+    limits: str = "",
 ) -> str:
     return (
         f'[server]\nepp_bind = "127.0.0.1:{port}"\n'
         f"[engines]\ndp_size = {dp}\nmax_dp_size = {max_dp}\n"
         # Placements stay pending until finished: the test sees exactly what the picker booked.
         "[routing]\npending_ttl_ms = 600000\n"
+        f"[limits]\n{limits}"
         f"[gateway]\nendpoints = {json.dumps(eps)}\nrank_header = {json.dumps(rank_header)}\nmax_body_bytes = {cap}\n"
         + extra
     )
 
 
 def start(
-    start_daemon, tmp_path, *, dp: int = 2, endpoints=None, rank_header: str = "", cap: int = 4 << 20, max_dp=0, extra=""
+    start_daemon,
+    tmp_path,
+    *,
+    dp: int = 2,
+    endpoints=None,
+    rank_header: str = "",
+    cap: int = 4 << 20,
+    max_dp=0,
+    extra="",
+    limits="",
 ):
     port = free_port()
     eps = endpoints if endpoints is not None else [A, B, C][:dp]
     cfg = tmp_path / "epp.toml"
-    cfg.write_text(config(port, dp, eps, rank_header, cap, max_dp, extra))
+    cfg.write_text(config(port, dp, eps, rank_header, cap, max_dp, extra, limits))
     d = start_daemon("--config", str(cfg))
     d.epp_port, d.epp_config = port, cfg
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -361,17 +378,13 @@ def test_every_queue_at_shed_waiting_is_429_and_books_nothing(start_daemon, engi
 
 
 def test_a_prompt_above_max_prompt_tokens_is_routed_on_its_leading_part(start_daemon, engines, tmp_path):
-    port = free_port()
-    cfg = tmp_path / "epp.toml"
-    cfg.write_text(config(port, 2, [A, B]).replace("[gateway]", "[limits]\nmax_prompt_tokens = 256\n[gateway]"))
-    d = start_daemon("--config", str(cfg))
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    grpc.channel_ready_future(ch).result(timeout=DEADLINE)
+    d, ch = start(start_daemon, tmp_path, limits="max_prompt_tokens = 256\n")
     bring_up(d, engines, [0, 1])
     # 40,000 bytes of text: 625 text keys, cut to the 16 that 256 tokens allow.
+    body = json.dumps({"model": "m", "prompt": "abcd" * 10_000}).encode()
     s = Stream(ch)
-    request(s, json.dumps({"model": "m", "prompt": "abcd" * 10_000}).encode())
-    assert picked(s, json.dumps({"model": "m", "prompt": "abcd" * 10_000}).encode())[0] in (A, B)
+    request(s, body)
+    assert picked(s, body)[0] in (A, B)
     respond(s, None)
     eventually("done", lambda: pending(d) == [0, 0])
     assert d.metric("dpcoord_route_errors_total", 'code="too_large"') == 0
@@ -381,12 +394,7 @@ def test_a_prompt_above_max_prompt_tokens_is_routed_on_its_leading_part(start_da
 def test_a_burst_of_picks_is_answered_in_full(start_daemon, engines, tmp_path):
     # A large max_batch makes the route socket queue few replies per peer
     # (each could be that large); the picker keeps no more in flight.
-    port = free_port()
-    cfg = tmp_path / "epp.toml"
-    cfg.write_text(config(port, 2, [A, B]).replace("[gateway]", "[limits]\nmax_batch = 65536\n[gateway]"))
-    d = start_daemon("--config", str(cfg))
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    grpc.channel_ready_future(ch).result(timeout=DEADLINE)
+    d, ch = start(start_daemon, tmp_path, limits="max_batch = 65536\n")
     bring_up(d, engines, [0, 1])
     streams = [Stream(ch) for _ in range(150)]
     for s in streams:
