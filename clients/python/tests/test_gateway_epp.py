@@ -351,6 +351,14 @@ def test_fallbacks_follow_the_pick_and_a_retry_elsewhere_moves_at_the_headers(st
     respond(second, B)
     eventually("both done", lambda: pending(d) == [0, 0, 0])
     assert routed(d) == [0, 2, 0], "the moved request was booked once"
+    # Reloadable: without fallbacks the pick alone is named.
+    d.epp_config.write_text(config(d.epp_port, 3, [A, B, C]))
+    r = d.call("health", {"v": 1, "op": "reload"})
+    assert r["ok"], r
+    s = Stream(ch)
+    request(s)
+    assert picked(s)[0] == C, "round robin's turn: rank 2, alone"
+    respond(s, C)
 
 
 def test_every_queue_at_shed_waiting_is_429_and_books_nothing(start_daemon, engines, tmp_path):
@@ -367,12 +375,13 @@ def test_every_queue_at_shed_waiting_is_429_and_books_nothing(start_daemon, engi
     assert pending(d) == [0, 0] and routed(d) == [3, 4], "nothing booked"
     assert d.metric("dpcoord_gateway_requests_total", 'outcome="rejected_shed"') == 1
     assert d.metric("dpcoord_route_errors_total", 'code="saturated"') == 1
-    e.set(1, waiting=2)
-    eventually("rank 1 drained", lambda: waiting() == [3, 2])
-    # Rank 1's queue is below the mark: not shed, and round robin picks rank 0.
+    # Reloadable: a mark above the queues, and the same request goes through.
+    d.epp_config.write_text(config(d.epp_port, 2, [A, B], extra="shed_waiting = 5\n"))
+    r = d.call("health", {"v": 1, "op": "reload"})
+    assert r["ok"], r
     s = Stream(ch)
     request(s)
-    assert picked(s)[0] == A
+    assert picked(s)[0] == A, "not shed; round robin's turn is rank 0"
     respond(s, A)
     eventually("done", lambda: pending(d) == [0, 0])
 
