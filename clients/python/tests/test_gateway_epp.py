@@ -87,11 +87,16 @@ class Stream:
         self.out.put(None)
 
 
+def filter_md(namespace: str, key: str, value: Any) -> base_pb2.Metadata:
+    """Filter metadata of one entry, as the gateway sends it to the picker."""
+    s = struct_pb2.Struct()
+    s.update({key: value})
+    return base_pb2.Metadata(filter_metadata={namespace: s})
+
+
 def served_md(endpoint: str) -> base_pb2.Metadata:
     """The served endpoint where the protocol puts it: ``envoy.lb`` filter metadata."""
-    s = struct_pb2.Struct()
-    s.update({SERVED: endpoint})
-    return base_pb2.Metadata(filter_metadata={"envoy.lb": s})
+    return filter_md("envoy.lb", SERVED, endpoint)
 
 
 def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
@@ -99,9 +104,7 @@ def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
 
 
 def subset_md(endpoints: list[str]) -> base_pb2.Metadata:
-    s = struct_pb2.Struct()
-    s.update({"x-gateway-destination-endpoint-subset": endpoints})
-    return base_pb2.Metadata(filter_metadata={"envoy.lb.subset_hint": s})
+    return filter_md("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", endpoints)
 
 
 def request(s: Stream, body: bytes = BODY, *, chunk: int = 100, buffered: bool = False, subset=None) -> None:

@@ -130,27 +130,39 @@ pub fn immediate(code: u16, why: &str) -> ep::ProcessingResponse {
 /// filter metadata of the response's messages.
 pub fn served_metadata(m: &Metadata) -> Option<String> {
     match m.filter_metadata.get("envoy.lb")?.fields.get(SERVED)?.kind.as_ref()? {
-        Kind::StringValue(s) => s.split(',').next().map(|e| e.trim().to_owned()),
+        Kind::StringValue(s) => first_endpoint(s),
         _ => None,
+    }
+}
+
+/// The first of a comma-separated endpoint list.
+fn first_endpoint(list: &str) -> Option<String> {
+    list.split(',').next().map(|e| e.trim().to_owned())
+}
+
+/// A header's value: Envoy sends `raw_value`, older senders `value`.
+fn header_value(h: &HeaderValue) -> String {
+    if h.raw_value.is_empty() {
+        h.value.clone()
+    } else {
+        String::from_utf8_lossy(&h.raw_value).into_owned()
     }
 }
 
 /// A request's `:method`, if its headers carry one.
 pub fn method(headers: Option<&HeaderMap>) -> Option<String> {
-    let h = headers?.headers.iter().find(|h| h.key == ":method")?;
-    Some(if h.raw_value.is_empty() { h.value.clone() } else { String::from_utf8_lossy(&h.raw_value).into_owned() })
+    headers?.headers.iter().find(|h| h.key == ":method").map(header_value)
 }
 
 /// The response's `:status` and the endpoint that served it (`served`).
 pub fn response_facts(headers: Option<&HeaderMap>, served: &str) -> (Option<u16>, Option<String>) {
     let (mut status, mut endpoint) = (None, None);
     for h in headers.map(|m| m.headers.as_slice()).unwrap_or_default() {
-        let value =
-            if h.raw_value.is_empty() { h.value.clone() } else { String::from_utf8_lossy(&h.raw_value).into_owned() };
+        let value = header_value(h);
         if h.key == ":status" {
             status = value.trim().parse().ok();
         } else if h.key.eq_ignore_ascii_case(served) {
-            endpoint = value.split(',').next().map(|e| e.trim().to_owned());
+            endpoint = first_endpoint(&value);
         }
     }
     (status, endpoint)
