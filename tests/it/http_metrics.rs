@@ -156,14 +156,17 @@ fn routed_and_error_counters_are_exact_after_a_scripted_run() {
         assert_eq!(c.error_code(query), code);
     }
 
-    // Pending is exported on a tick: once it shows, the tick saw every placement.
-    // The stddev is exported after it in the same tick, so it is awaited too (a
-    // scrape between the two reads the last tick's); health placements are
-    // uneven but are not user placements, and rank 4 is not routable: 0.
-    let m = scrape_when(&d, "a tick after the run", |m| {
-        m.per_rank("dpcoord_engine_requests", &[("state", "pending")], 5) == [3.0, 3.0, 3.0, 3.0, 0.0]
-            && m.value("dpcoord_user_dispatch_stddev", &[]) == 0.0
-    });
+    // Gauges are exported on a tick, a tick's duration observed after its
+    // export, and the routing thread serves queries and ticks one at a time:
+    // once a tick is counted after the run's last reply, a whole export saw
+    // every placement. (Waiting for the gauges' values instead read a tick
+    // half-exported: pending set, the epoch still the one before bring-up.)
+    let ticks = scrape(&d).value("dpcoord_tick_duration_seconds_count", &[]);
+    let m = scrape_when(&d, "a tick after the run", |m| m.value("dpcoord_tick_duration_seconds_count", &[]) > ticks);
+    assert_eq!(m.per_rank("dpcoord_engine_requests", &[("state", "pending")], 5), [3.0, 3.0, 3.0, 3.0, 0.0]);
+    // Health placements are uneven but are not user placements, and rank 4
+    // is not routable: 0.
+    assert_eq!(m.value("dpcoord_user_dispatch_stddev", &[]), 0.0);
     assert_eq!(m.per_rank("dpcoord_routed_total", &[("class", "user")], 5), [3.0, 3.0, 3.0, 3.0, 0.0]);
     assert_eq!(m.per_rank("dpcoord_routed_total", &[("class", "health")], 5), [2.0, 2.0, 1.0, 2.0, 0.0]);
     let errors = [
