@@ -44,13 +44,22 @@ fn events_predict_what_each_rank_holds_and_the_reply_tells_it_when_asked() {
     e[1].publish(vec![stored(&[20], None, &[1, 2])]);
     await_prefix(&d, &PROMPT, json!({"blocks": 3, "matched": [3, 1]}));
 
+    // Prompts are keyed in the engines' blocks of 2 now, on both sockets' `ping`.
+    assert_eq!(d.client().call(json!({"v": 1, "op": "ping"}))["block_size"], json!(2));
+    assert_eq!(d.health_client().call(json!({"v": 1, "op": "ping"}))["block_size"], json!(2));
     let r = route(&d, json!({}));
     assert_eq!(r["ranks"], json!([0]));
-    assert_eq!(r["explain"], json!({"best": 6, "chosen": [{"rank": 0, "predicted": 6, "index": "events"}]}));
+    assert_eq!(
+        r["explain"],
+        json!({"best": 6, "chosen": [{"rank": 0, "predicted": 6, "index": "events"}], "block_size": 2})
+    );
     // A pin is explained too: it gives up 4 cached tokens.
     let r = route(&d, json!({"rank": 1, "n": 2}));
     assert_eq!(r["ranks"], json!([1, 1]));
-    assert_eq!(r["explain"], json!({"best": 6, "chosen": [{"rank": 1, "predicted": 2, "index": "events"}]}));
+    assert_eq!(
+        r["explain"],
+        json!({"best": 6, "chosen": [{"rank": 1, "predicted": 2, "index": "events"}], "block_size": 2})
+    );
     // Not asked: no `explain`, but counted all the same. No prompt: nothing to explain.
     let r = route(&d, json!({"explain": false, "rank": 0}));
     assert_eq!((r["ranks"].clone(), r.get("explain")), (json!([0]), None));
@@ -66,17 +75,21 @@ fn events_predict_what_each_rank_holds_and_the_reply_tells_it_when_asked() {
 fn without_events_dpcoords_own_placements_predict_and_say_so_and_the_guard_too() {
     let d = Daemon::frozen("2", &["--policy", "cache_aware"]);
     d.bring_up(&d.publisher(), &[0, 1]);
-    // No KV event yet: blocks of 16, so 32 tokens are 2 blocks.
+    // No KV event yet: blocks of 16, so 32 tokens are 2 blocks; `ping` says so.
+    assert_eq!(d.client().call(json!({"v": 1, "op": "ping"}))["block_size"], json!(16));
     let prompt: Vec<u32> = (1..=32).collect();
     let ask = || d.client().call(json!({"v": 1, "op": "route", "tokens": prompt, "explain": true}));
     let first = ask();
     assert_eq!(first["ranks"], json!([0]));
-    assert_eq!(first["explain"], json!({"best": 0, "chosen": [{"rank": 0, "predicted": 0, "index": "approximate"}]}));
+    assert_eq!(
+        first["explain"],
+        json!({"best": 0, "chosen": [{"rank": 0, "predicted": 0, "index": "approximate"}], "block_size": 16})
+    );
     let second = ask();
     assert_eq!(second["ranks"], json!([0]));
     assert_eq!(
         second["explain"],
-        json!({"best": 32, "chosen": [{"rank": 0, "predicted": 32, "index": "approximate"}]})
+        json!({"best": 32, "chosen": [{"rank": 0, "predicted": 32, "index": "approximate"}], "block_size": 16})
     );
     assert_eq!([predicted(&d, 0, "chosen"), predicted(&d, 1, "chosen")], [Some(32.0), Some(0.0)]);
     // A pinned 40,000-token request spreads the loads past the balance
@@ -86,7 +99,7 @@ fn without_events_dpcoords_own_placements_predict_and_say_so_and_the_guard_too()
     assert_eq!(guarded["ranks"], json!([1]));
     assert_eq!(
         guarded["explain"],
-        json!({"best": 32, "guarded": true, "chosen": [{"rank": 1, "predicted": 0, "index": "approximate"}]})
+        json!({"best": 32, "guarded": true, "chosen": [{"rank": 1, "predicted": 0, "index": "approximate"}], "block_size": 16})
     );
     assert_eq!(d.stop().code(), Some(0));
 }

@@ -84,6 +84,9 @@ fn among_restricts_the_pick_and_finished_completes_it() {
     // Served by rank 0 instead of rank 1: the placement moves and is over.
     ok(json!({"v": 1, "op": "finished", "rank": 0, "placed": 1}));
     assert_eq!(d.routed_pending(), vec![(2, 1), (0, 0), (3, 1)]);
+    // Placed on rank 2, sent nowhere dpcoord counts: withdrawn, nothing charged.
+    ok(json!({"v": 1, "op": "finished", "placed": 2}));
+    assert_eq!(d.routed_pending(), vec![(2, 1), (0, 0), (2, 0)]);
     let r = c.call(json!({"v": 1, "op": "finished"}));
     assert_eq!(r["error"]["code"], json!("bad_request"), "{r}");
     let r = d.health_client().call(json!({"v": 1, "op": "finished", "rank": 0}));

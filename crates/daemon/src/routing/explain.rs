@@ -18,6 +18,8 @@ pub(super) struct Explained {
     guarded: bool,
     /// One entry per distinct rank placed on, in order of first placement.
     chosen: Vec<Chosen>,
+    /// The block size the prompt was keyed in first.
+    block_size: u32,
 }
 
 impl Explained {
@@ -45,6 +47,7 @@ impl Explained {
         self.made = true;
         self.best = best;
         self.guarded = guarded;
+        self.block_size = u32::try_from(view.block_size).unwrap_or(u32::MAX);
         for &Placement { rank, count, .. } in placed {
             let predicted = view.cached(rank);
             metrics.placed(rank, count, predicted, best);
@@ -56,6 +59,11 @@ impl Explained {
 
     /// The reply's `explain`, if a prediction was made.
     pub fn reply(&self) -> Option<Explain<'_>> {
-        self.made.then_some(Explain { best: self.best, guarded: self.guarded, chosen: &self.chosen })
+        self.made.then_some(Explain {
+            best: self.best,
+            guarded: self.guarded,
+            chosen: &self.chosen,
+            block_size: self.block_size,
+        })
     }
 }

@@ -81,7 +81,7 @@ fn route_bytes(chosen: usize, id: &str) -> usize {
         Some(Id::Str(id)),
         &[],
         u64::MAX,
-        Some(Explain { best: u64::MAX, guarded: true, chosen: &entries }),
+        Some(Explain { best: u64::MAX, guarded: true, chosen: &entries, block_size: u32::MAX }),
         Some(&[u32::MAX; MAX_FALLBACKS as usize]),
     );
     out.len()
@@ -155,7 +155,7 @@ mod tests {
         let ranks: Vec<u32> = (0..1024).collect();
         let chosen: Vec<Chosen> =
             ranks.iter().map(|&rank| Chosen { rank, predicted: u64::MAX, index: PrefixSource::Approximate }).collect();
-        let explain = Explain { best: u64::MAX, guarded: true, chosen: &chosen };
+        let explain = Explain { best: u64::MAX, guarded: true, chosen: &chosen, block_size: u32::MAX };
         let fallbacks: Vec<u32> = (1008..1024).collect();
         reply::encode_ranks(&mut out, Some(Id::Str(&id)), &ranks, u64::MAX, Some(explain), Some(&fallbacks));
         assert!(out.len() <= max_reply_bytes(Channel::Route, 1024, 1024));
@@ -177,11 +177,11 @@ mod tests {
         assert_eq!(route_bytes(1, &id) - route_bytes(0, &id), 48);
         let base = route_bytes(0, &id);
         assert_eq!(max_reply_bytes(Channel::Route, 8, 65_536), base + 65_536 + 8 * 48 + 2 * ARRAY_GROWTH);
-        // The reply without `explain` is 40 bytes shorter (`guarded` is 9
-        // of them), without 16 fallbacks 93 (a 10-byte key, a 3-byte
-        // array header, 16 ranks of 5 bytes).
+        // The reply without `explain` is 56 bytes shorter (`guarded` is 9
+        // of them, `block_size` 16), without 16 fallbacks 93 (a 10-byte
+        // key, a 3-byte array header, 16 ranks of 5 bytes).
         let mut out = Vec::new();
         reply::encode_ranks(&mut out, Some(Id::Str(&id)), &[], u64::MAX, None, None);
-        assert_eq!(base - out.len(), 40 + 93);
+        assert_eq!(base - out.len(), 56 + 93);
     }
 }

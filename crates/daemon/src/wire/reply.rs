@@ -117,13 +117,15 @@ pub struct Chosen {
 
 /// A route reply's `explain`: the most any rank was predicted to hold,
 /// whether the balance guard set the prefix aside (sent only when it did),
-/// and each distinct rank placed on, in order of first placement.
+/// each distinct rank placed on, in order of first placement, and the
+/// block size the prompt was keyed in (what a caller's `block_keys` use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Explain<'a> {
     pub best: u64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub guarded: bool,
     pub chosen: &'a [Chosen],
+    pub block_size: u32,
 }
 
 #[derive(Serialize)]
@@ -165,6 +167,7 @@ struct Ping<'a> {
     id: Option<Id<'a>>,
     epoch: u64,
     instance: Instance,
+    block_size: u32,
 }
 
 #[derive(Serialize)]
@@ -284,9 +287,10 @@ pub fn encode_ok(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: Option<u64>) {
     write(out, &Ok { v: V, ok: true, id, epoch });
 }
 
-/// `{"v":1,"ok":true,"id":..,"epoch":E,"instance":I}` (ping).
-pub fn encode_ping(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: u64, instance: Instance) {
-    write(out, &Ping { v: V, ok: true, id, epoch, instance });
+/// `{"v":1,"ok":true,"id":..,"epoch":E,"instance":I,"block_size":B}`
+/// (ping; `B`: the block size prompts are keyed in now).
+pub fn encode_ping(out: &mut Vec<u8>, id: Option<Id<'_>>, epoch: u64, instance: Instance, block_size: u32) {
+    write(out, &Ping { v: V, ok: true, id, epoch, instance, block_size });
 }
 
 /// `{"v":1,"ok":false,"id":..,"epoch":E,"error":{"code":C,"message":M}}`;
@@ -330,11 +334,18 @@ mod tests {
             Chosen { rank: 1, predicted: 32, index: PrefixSource::Events },
             Chosen { rank: 2, predicted: 0, index: PrefixSource::Approximate },
         ];
-        encode_ranks(&mut out, None, &[1, 2, 1], 7, Some(Explain { best: 48, guarded: false, chosen: &chosen }), None);
+        encode_ranks(
+            &mut out,
+            None,
+            &[1, 2, 1],
+            7,
+            Some(Explain { best: 48, guarded: false, chosen: &chosen, block_size: 16 }),
+            None,
+        );
         assert_eq!(
             decode(&out),
             serde_json::json!({"v":1,"ok":true,"ranks":[1,2,1],"epoch":7,"explain":{"best":48,"chosen":[
-                {"rank":1,"predicted":32,"index":"events"},{"rank":2,"predicted":0,"index":"approximate"}]}})
+                {"rank":1,"predicted":32,"index":"events"},{"rank":2,"predicted":0,"index":"approximate"}],"block_size":16}})
         );
         encode_health_rank(&mut out, None, 3, 2);
         assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"rank":3,"epoch":2}));
@@ -352,8 +363,10 @@ mod tests {
             decode(&out),
             serde_json::json!({"v":1,"ok":false,"id":u64::MAX,"epoch":3,"error":{"code":"too_large","message":"big"}})
         );
-        encode_ping(&mut out, Some(Id::Str("p")), 2, Instance(0x0123_4567_89ab_cdef));
-        assert_eq!(decode(&out), serde_json::json!({"v":1,"ok":true,"id":"p","epoch":2,"instance":"0123456789abcdef"}));
+        encode_ping(&mut out, Some(Id::Str("p")), 2, Instance(0x0123_4567_89ab_cdef), 64);
+        let ping =
+            serde_json::json!({"v":1,"ok":true,"id":"p","epoch":2,"instance":"0123456789abcdef","block_size":64});
+        assert_eq!(decode(&out), ping);
     }
 
     #[test]

@@ -291,9 +291,15 @@ fn explain_names_the_index_each_prediction_came_from() {
         store(&mut c, 0, 2, 4);
         let pinned = json!({"v": 1, "op": "route", "tokens": PROMPT, "rank": 2, "explain": true});
         let r = ask(&mut c, Channel::Route, pinned.clone());
-        assert_eq!(r["explain"], json!({"best": 16, "chosen": [{"rank": 2, "predicted": 16, "index": "events"}]}));
+        assert_eq!(
+            r["explain"],
+            json!({"best": 16, "chosen": [{"rank": 2, "predicted": 16, "index": "events"}], "block_size": 4})
+        );
         c.on_relinked(crate::wire::SourceKind::KvEvents { stream: 0, replay: false });
         let r = ask(&mut c, Channel::Route, pinned);
-        assert_eq!(r["explain"], json!({"best": 0, "chosen": [{"rank": 2, "predicted": 0, "index": degraded}]}));
+        assert_eq!(
+            r["explain"],
+            json!({"best": 0, "chosen": [{"rank": 2, "predicted": 0, "index": degraded}], "block_size": 4})
+        );
     }
 }

@@ -31,8 +31,8 @@ use crate::observability::metrics::{Metrics, StatsResult};
 use crate::observability::prefix_metrics::PrefixMetrics;
 use crate::observability::ratelimit::LogLimiter;
 use crate::wire::{
-    self, Channel, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError, SourceKind,
-    SourceLimits, SourceRequest, Target, WireError,
+    self, Channel, Finished, HealthOp, Id, Prompt, Query, QueryLimits, Rejected, RouteOp, RouteRequest, SourceError,
+    SourceKind, SourceLimits, SourceRequest, Target, WireError,
 };
 
 pub struct Coordinator {
@@ -452,7 +452,7 @@ impl Coordinator {
     ) -> Result<(), WireError> {
         let epoch = self.engines.epoch();
         match op {
-            RouteOp::Ping => wire::encode_ping(out, id, epoch, self.instance),
+            RouteOp::Ping => wire::encode_ping(out, id, epoch, self.instance, PrefixRouting::block_size(&self.kv)),
             RouteOp::State => wire::encode_state(out, id, &self.state_view(now)),
             RouteOp::Route(req) => {
                 let mut placed = std::mem::take(&mut self.placed);
@@ -471,7 +471,12 @@ impl Coordinator {
                 wire::encode_ok(out, id, None);
             }
             RouteOp::Finished(f) => {
-                self.user.finished(f.rank, f.n, f.placed.unwrap_or(f.rank), &self.engines, now);
+                match f {
+                    Finished::Served { rank, n, placed } => {
+                        self.user.finished(rank, n, placed.unwrap_or(rank), &self.engines, now)
+                    }
+                    Finished::Withdrawn { placed, n } => self.user.withdrawn(placed, n, &self.engines),
+                }
                 wire::encode_ok(out, id, None);
             }
         }
@@ -489,7 +494,7 @@ impl Coordinator {
     ) -> Result<(), WireError> {
         let epoch = self.engines.epoch();
         match op {
-            HealthOp::Ping => wire::encode_ping(out, id, epoch, self.instance),
+            HealthOp::Ping => wire::encode_ping(out, id, epoch, self.instance, PrefixRouting::block_size(&self.kv)),
             HealthOp::State => wire::encode_state(out, id, &self.state_view(now)),
             HealthOp::Probe(probe) => match self.health.serve(probe, self.engines.health_handle(), now)? {
                 Served::Routed(rank) => {

@@ -415,6 +415,13 @@ impl UserDispatcher {
         self.refresh(rank, engines);
     }
 
+    /// `finished` without a rank **(ext)**: `n` requests booked on `placed`
+    /// reached no rank dpcoord counts; its newest placements are withdrawn.
+    pub fn withdrawn(&mut self, placed: u32, n: u32, engines: &EngineTable) {
+        self.ledgers[placed as usize].withdraw(n.into());
+        self.refresh(placed, engines);
+    }
+
     /// Folds an applied stats update into the rank's ledger and cost.
     pub fn on_report(&mut self, a: &Accepted, engines: &EngineTable, now: Instant) {
         self.ledgers[a.rank as usize].on_report(a, now, self.pending_transit);

@@ -52,14 +52,16 @@ pub enum RouteOp<'a> {
 }
 
 /// A `finished` report **(ext)**: `n` requests that `placed` was charged
-/// with were served by `rank` and have ended (their response is over).
+/// with were served by `rank` and have ended (their response is over), or,
+/// with no `rank`, reached no rank dpcoord counts (the caller sent them by
+/// its own rule, or nowhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Finished {
-    pub rank: u32,
-    pub n: u32,
-    /// The rank the placements were booked on, when the gateway served
-    /// them elsewhere; `None`: `rank` itself.
-    pub placed: Option<u32>,
+pub enum Finished {
+    /// Served by `rank`; `placed` is the rank they were booked on when
+    /// another served them (a gateway's retry), `None`: `rank` itself.
+    Served { rank: u32, n: u32, placed: Option<u32> },
+    /// `n` of `placed`'s newest placements are withdrawn.
+    Withdrawn { placed: u32, n: u32 },
 }
 
 /// A `delivered` report: the prompt tokens predicted cached on `rank` (as
@@ -380,14 +382,18 @@ fn decode_among(raw: &[u8], dp_size: u32) -> Result<RankSet, WireError> {
 }
 
 fn decode_finished(f: &Fields<'_>, lim: &QueryLimits) -> Result<Finished, WireError> {
-    let rank = decode_rank(f.rank.ok_or_else(|| bad("`finished` needs `rank`"))?, lim.dp_size)?;
+    let rank = f.rank.map(|v| decode_rank(v, lim.dp_size)).transpose()?;
     let n = match f.n.map(|v| uint("n", v)).transpose()? {
         None => 1,
         Some(n) if (1..=u64::from(lim.max_batch)).contains(&n) => n as u32,
         Some(n) => return Err(bad(format!("`n` must be 1..={}, got {n}", lim.max_batch))),
     };
     let placed = f.placed.map(|v| decode_rank(v, lim.dp_size)).transpose()?;
-    Ok(Finished { rank, n, placed })
+    match (rank, placed) {
+        (Some(rank), placed) => Ok(Finished::Served { rank, n, placed }),
+        (None, Some(placed)) => Ok(Finished::Withdrawn { placed, n }),
+        (None, None) => Err(bad("`finished` needs `rank`, or `placed` alone to withdraw placements")),
+    }
 }
 
 fn needed<'a>(name: &str, v: Option<Value<'a>>) -> Result<Value<'a>, WireError> {
