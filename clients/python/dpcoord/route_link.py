@@ -16,21 +16,31 @@ the reason it has none:
 * ``refused``: dpcoord answered with an error (no routable rank, ...);
 * ``bad_reply``: an answer that is not a valid route reply.
 
+A rank dpcoord answers too late, or for a query the caller then drops, was
+booked all the same: ``on_late(rank)`` is called with it (the vLLM hook
+withdraws the placement at once). The block size dpcoord keys prompts in
+(``block_size`` in a ``ping`` or ``explain`` reply) is kept in
+:attr:`RouteLink.block_size`.
+
 :meth:`RouteLink.explained` answers as :meth:`RouteLink.route` plus the prompt
 tokens dpcoord predicted cached on the rank (the reply's ``explain``, asked for
 with ``explain: true``), and :meth:`RouteLink.report` sends a query whose answer
 nobody waits for (a ``delivered`` report).
 
 The socket is read from the event loop's own reader callback (``add_reader`` on
-the ZeroMQ descriptor), with no task and no lock per query.
+the ZeroMQ descriptor), with no task and no lock per query. A link can be made
+before any event loop runs (``loop=None``: it connects at once, so the
+connection is there when the first request comes) and is attached to the
+running loop on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import zmq
@@ -45,6 +55,10 @@ PROBE_EVERY_S = 0.1
 SEND_HWM = 1000
 #: a string ``id`` longer than this (in UTF-8) is replaced: dpcoord refuses it
 MAX_ID_BYTES = 128
+#: queries given up on whose late answer still reaches ``on_late``, at most
+LATE_KEPT = 4096
+#: how long a query given up on waits for its late answer to be withdrawn
+LATE_KEPT_S = 10.0
 # Plain ints: pyzmq's flag enums cost a microsecond per ``&`` on this path.
 _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
 
@@ -52,10 +66,23 @@ _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq
 class RouteLink:
     """One DEALER connected to ``endpoint``, owned by the running event loop."""
 
-    def __init__(self, endpoint: str, timeout_s: float, context: zmq.Context | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float,
+        context: zmq.Context | None = None,
+        *,
+        attach: bool = True,
+        on_late: Callable[[int], None] | None = None,
+    ):
+        """Connects to ``endpoint``; with ``attach`` (the default) the running
+        event loop owns the link now, else the one that first uses it."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self.loop = asyncio.get_running_loop()
+        self.on_late = on_late
+        self.loop: asyncio.AbstractEventLoop | None = None
+        #: the process that made the socket (a forked child must not use it)
+        self.pid = os.getpid()
         self.sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
         for opt, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.SNDHWM, SEND_HWM), (zmq.RECONNECT_IVL_MAX, 1000)):
             self.sock.setsockopt(opt, value)
@@ -73,9 +100,24 @@ class RouteLink:
         self.timeouts = 0
         self.probe_id: int | None = None
         self.probe_at = 0.0
+        #: ids of queries given up on (timed out, or dropped by the caller) -> when
+        self.late: dict[int | str, float] = {}
+        #: the block size dpcoord keys prompts in, once a reply said it
+        self.block_size: int | None = None
+        #: the first ``ping``, which every first query waits for (see :meth:`ready`)
+        self.hello: asyncio.Future | None = None
         #: until a first send succeeds (or the first deadline passes), queries wait for a connection
         self.born = time.monotonic()
         self.connected = False
+        if attach:
+            self.attach()
+
+    def attach(self) -> None:
+        """Hands the link to the running event loop (once)."""
+        if self.loop is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        self.born = time.monotonic()
         self.loop.add_reader(self.sock.FD, self._drain)
 
     @property
@@ -87,6 +129,16 @@ class RouteLink:
         once the first one was waited for): a caller can skip building it."""
         return self.connected and not self.sock.getsockopt(_EVENTS) & _POLLOUT
 
+    async def ready(self) -> None:
+        """Waits, the first time only, for dpcoord's answer to a ``ping`` (at most
+        ``timeout_s``), so the block size is known before the first prompt is keyed;
+        concurrent first callers share the one ping."""
+        self.attach()
+        if self.hello is None:
+            self.hello = asyncio.ensure_future(self.explained({"v": _core.VERSION, "op": "ping"}))
+        if not self.hello.done():
+            await self.hello
+
     async def route(self, query: dict[str, Any]) -> tuple[int | None, str | None]:
         """``(rank, None)``, or ``(None, reason)``. ``query`` is a route query; its ``id``
         is kept if it is a string of at most ``MAX_ID_BYTES`` bytes not already
@@ -97,6 +149,7 @@ class RouteLink:
     async def explained(self, query: dict[str, Any]) -> tuple[int | None, str | None, int | None]:
         """As :meth:`route`, plus the prompt tokens predicted cached on the rank when
         the reply explains it (else None)."""
+        self.attach()
         if self.down:
             self._probe()
             return None, "timeout", None
@@ -148,8 +201,18 @@ class RouteLink:
                 break
             del self.waiting[qid]
             self.timeouts += 1
+            self.given_up(qid)
             if not future.done():
                 future.set_result((None, "timeout", None))
+
+    def given_up(self, qid: int | str) -> None:
+        """Query ``qid``'s answer, if it still comes, goes to ``on_late``."""
+        if self.on_late is None:
+            return
+        now = time.monotonic()
+        while self.late and (len(self.late) >= LATE_KEPT or next(iter(self.late.values())) < now - LATE_KEPT_S):
+            del self.late[next(iter(self.late))]
+        self.late[qid] = now
 
     def _probe(self) -> None:
         now = time.monotonic()
@@ -176,23 +239,41 @@ class RouteLink:
             reply = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception:  # noqa: BLE001 - an undecodable reply answers no query
             return
-        qid = reply.get("id") if isinstance(reply, dict) else None
+        if not isinstance(reply, dict):
+            return
+        qid = reply.get("id")
+        explain = reply.get("explain")
+        size = reply.get("block_size", explain.get("block_size") if isinstance(explain, dict) else None)
+        if type(size) is int and size > 0:
+            self.block_size = size
         if qid is not None and qid == self.probe_id:
             self.timeouts, self.probe_id = 0, None
             return
         entry = self.waiting.pop(qid, None) if isinstance(qid, (int, str)) else None
         if entry is None:
+            if isinstance(qid, (int, str)) and self.late.pop(qid, None) is not None:
+                self._late(reply)
             return  # the answer to a query that already timed out, or to none
         future = entry[0]
         self.timeouts = 0
         if not future.done():
             future.set_result(outcome(reply))
 
+    def _late(self, reply: dict[str, Any]) -> None:
+        """A rank booked for a query given up on goes to ``on_late``."""
+        rank = outcome(reply)[0]
+        if rank is not None and self.on_late is not None:
+            try:
+                self.on_late(rank)
+            except Exception:  # noqa: BLE001 - a callback's failure must not stop the reader
+                pass
+
     def close(self) -> None:
         if self.sock.closed:
             return
         try:
-            self.loop.remove_reader(self.sock.FD)
+            if self.loop is not None:
+                self.loop.remove_reader(self.sock.FD)
         except (RuntimeError, ValueError, zmq.ZMQError):  # the loop is closed already
             pass
         self.sock.close(0)

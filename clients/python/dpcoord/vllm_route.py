@@ -4,13 +4,15 @@ engine gets each request, and keeps exact books of what it sent.
 vLLM calls :func:`register` in every process (the ``vllm.general_plugins`` entry
 point of this package). It does nothing unless ``DPCOORD_ROUTE_ENDPOINT`` or
 ``DPCOORD_STATS_ENDPOINT`` is set. Then, once vLLM's client module is imported,
-and only if the methods it wraps are the ones it was tested against
-(:data:`TESTED`), it wraps:
+and only on a vLLM release it is tested against whose methods it wraps are the
+ones it was tested with (:data:`TESTED`, one entry per release of the support
+window; :data:`SEAMS` names them), it wraps:
 
-* ``DPLBAsyncMPClient.add_request_async`` (with ``DPCOORD_ROUTE_ENDPOINT``):
-  before vLLM picks an engine, the request's prompt (its token ids, or their
-  block keys), LoRA name and cache salt are sent to dpcoord in a ``route`` query,
-  awaited at most ``DPCOORD_ROUTE_TIMEOUT_MS``;
+* ``DPLBAsyncMPClient.add_request_async`` (with ``DPCOORD_ROUTE_ENDPOINT``; the
+  internal load balancer of ``--data-parallel-size N``): before vLLM picks an
+  engine, the request's prompt (its token ids, or their block keys), LoRA name and
+  cache salt are sent to dpcoord in a ``route`` query, awaited at most
+  ``DPCOORD_ROUTE_TIMEOUT_MS``;
 * ``DPLBAsyncMPClient.get_core_engine_for_request``: dpcoord's rank is given to
   vLLM's own method as the request's ``data_parallel_rank`` for that one call, so
   vLLM's bookkeeping (in-flight counts, abort routing) runs unchanged, and the
@@ -18,6 +20,9 @@ and only if the methods it wraps are the ones it was tested against
   rule picks. Requests vLLM pins (``data_parallel_rank``, i.e. the
   ``X-data-parallel-rank`` header; a streaming-input session's later chunks;
   late-interaction pooling) are never sent to dpcoord;
+* ``DPAsyncMPClient.get_core_engine_for_request`` (``--data-parallel-external-lb``:
+  one engine per API server) and ``AsyncMPClient.add_request_async`` (one engine):
+  no choice to make there; each request sent is counted on its engine (the books);
 * ``OutputProcessor.abort_requests`` and ``process_outputs``: the requests a
   client aborted, counted on the rank they were sent to (the exact books, see
   :mod:`dpcoord.ledger`); and, for a request sent with its prompt, what the
@@ -25,6 +30,19 @@ and only if the methods it wraps are the ones it was tested against
   when the request's prefill ends vLLM's ``prefill_stats.num_cached_tokens`` (the
   prompt tokens the engine did not compute) goes back to dpcoord with the
   prediction in a ``delivered`` report, unanswered and never waited for.
+
+Books are kept by engine: a request counts on the DP rank its engine identity
+names (vLLM's identity is the global rank), which is the rank vLLM's stat loggers
+report. A placement dpcoord made that vLLM does not use (its answer came after the
+deadline, named an engine this API server does not have, or came for a request
+aborted meanwhile) is withdrawn at once with a ``finished`` report naming only the
+rank it was ``placed`` on.
+
+Block keys are made in the block size dpcoord keys prompts in (the ``block_size``
+of its ``ping`` and ``explain`` replies: the engines' own, from their KV events, or
+16 before any); until dpcoord's first answer, in this API server's
+``cache_config.block_size``. The link to dpcoord connects when the hook is
+installed (vLLM's API server starting), so its first requests find it connected.
 
 Environment:
 
@@ -46,6 +64,7 @@ import hashlib
 import inspect
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -61,12 +80,41 @@ log = logging.getLogger("dpcoord.vllm")
 CLIENT = "vllm.v1.engine.core_client"
 OUTPUTS = "vllm.v1.engine.output_processor"
 
-#: the vLLM versions the hook is tested against, with a fingerprint (sha256 of the
-#: source, first 16 hex digits) of each method it wraps or relies on
+#: every method the hook wraps, by module and qualified name
+SEAMS: tuple[tuple[str, str], ...] = (
+    (CLIENT, "DPLBAsyncMPClient.get_core_engine_for_request"),
+    (CLIENT, "DPAsyncMPClient.add_request_async"),
+    (CLIENT, "DPAsyncMPClient.get_core_engine_for_request"),
+    (CLIENT, "AsyncMPClient.add_request_async"),
+    (OUTPUTS, "OutputProcessor.abort_requests"),
+    (OUTPUTS, "OutputProcessor.process_outputs"),
+)
+
+#: the vLLM releases the hook is tested against (its support window: vLLM's last
+#: three minor releases), with a fingerprint (sha256 of the source, first 16 hex
+#: digits) of each method of :data:`SEAMS` in that release
 TESTED: dict[str, dict[str, str]] = {
+    "0.32.0": {
+        "DPLBAsyncMPClient.get_core_engine_for_request": "964adc43fd38ab32",
+        "DPAsyncMPClient.add_request_async": "e937266fd11defc5",
+        "DPAsyncMPClient.get_core_engine_for_request": "08b9afed2a24987e",
+        "AsyncMPClient.add_request_async": "1af4694c34b3a43e",
+        "OutputProcessor.abort_requests": "6dd03abb8ea35e7c",
+        "OutputProcessor.process_outputs": "9e116796002e75f2",
+    },
     "0.33.0": {
         "DPLBAsyncMPClient.get_core_engine_for_request": "b7f86dbfd4a18280",
         "DPAsyncMPClient.add_request_async": "c79e0731761c7d08",
+        "DPAsyncMPClient.get_core_engine_for_request": "08b9afed2a24987e",
+        "AsyncMPClient.add_request_async": "1af4694c34b3a43e",
+        "OutputProcessor.abort_requests": "6dd03abb8ea35e7c",
+        "OutputProcessor.process_outputs": "06811284749d457d",
+    },
+    "0.34.0": {
+        "DPLBAsyncMPClient.get_core_engine_for_request": "b7f86dbfd4a18280",
+        "DPAsyncMPClient.add_request_async": "f66ba428ce1caf03",
+        "DPAsyncMPClient.get_core_engine_for_request": "08b9afed2a24987e",
+        "AsyncMPClient.add_request_async": "69004988b8dfa176",
         "OutputProcessor.abort_requests": "6dd03abb8ea35e7c",
         "OutputProcessor.process_outputs": "06811284749d457d",
     },
@@ -117,7 +165,11 @@ def untested(version: str, methods: dict[str, Any]) -> str | None:
     """Why the hook must not go in on this vLLM (None: it may)."""
     expected = TESTED.get(version)
     if expected is None:
-        return f"vLLM {version} is not a version it is tested against ({', '.join(TESTED)})"
+        newest = max(TESTED, key=lambda v: tuple(int(x) for x in v.split(".")))
+        return (
+            f"vLLM {version} is not a release it is tested against ({', '.join(TESTED)}); install one of them"
+            f" (pip install 'vllm=={newest}'), or let a frontend or gateway ask dpcoord (docs/engines.md)"
+        )
     for name, fn in methods.items():
         try:
             found = fingerprint(fn)
@@ -126,6 +178,12 @@ def untested(version: str, methods: dict[str, Any]) -> str | None:
         if found != expected[name]:
             return f"{name} is not the one it was tested against in vLLM {version}"
     return None
+
+
+def seam(module: str, name: str) -> Any:
+    """The function ``Class.method`` of ``module`` (imported) as vLLM defines it."""
+    cls, method = name.split(".")
+    return getattr(getattr(sys.modules[module], cls), method)
 
 
 HOOK: "Hook | None" = None
@@ -137,21 +195,14 @@ def install(settings: RouteSettings) -> "Hook | None":
     if HOOK is not None:
         return HOOK
     import vllm
-    from vllm.v1.engine import core_client, output_processor
 
-    lb, dp, out = core_client.DPLBAsyncMPClient, core_client.DPAsyncMPClient, output_processor.OutputProcessor
-    methods = {
-        "DPLBAsyncMPClient.get_core_engine_for_request": lb.get_core_engine_for_request,
-        "DPAsyncMPClient.add_request_async": dp.add_request_async,
-        "OutputProcessor.abort_requests": out.abort_requests,
-        "OutputProcessor.process_outputs": out.process_outputs,
-    }
+    methods = {name: seam(module, name) for module, name in SEAMS}
     why = untested(getattr(vllm, "__version__", "?"), methods)
     if why is not None:
         log.warning("dpcoord: not installed in vLLM's request path: %s; vLLM runs as without dpcoord", why)
         return None
-    HOOK = Hook(settings, core_client.get_late_interaction_engine_index)
-    _wrap(lb, out, methods)
+    HOOK = Hook(settings, sys.modules[CLIENT].get_late_interaction_engine_index)
+    _wrap(methods)
     TALLY.active = True
     if settings.endpoint:
         log.info("dpcoord: vLLM's API server asks %s for each request's engine", settings.endpoint)
@@ -177,8 +228,15 @@ class Hook:
         self.aborted_in_route: set[str] = set()
         self.logged_at = 0.0
         self.unlogged: Counter[str] = Counter()
+        #: placements withdrawn because vLLM did not use them, per rank
+        self.withdrawn: Counter[int] = Counter()
         metric = _metric()
         self.metric = None if metric is None else {o: metric.labels(outcome=o) for o in OUTCOMES}
+        #: whether the endpoint could not be connected to (said once, never tried again)
+        self.bad_endpoint = False
+        #: the link made now, so it is connected before the first request; the first
+        #: event loop to ask takes it
+        self.warm: RouteLink | None = self._connect(attach=False) if settings.endpoint else None
 
     def eligible(self, client: Any, request: Any) -> bool:
         """Whether vLLM leaves the choice open: no pin, no session, no pooling rule."""
@@ -194,13 +252,16 @@ class Hook:
         aborted the request while dpcoord was answering."""
         rid = request.request_id
         self.routing.add(rid)
+        link = None
         try:
             if not self.eligible(client, request):
                 rank, reason = None, "pinned"
             elif (link := self.link()) is None or link.unreachable():
                 rank, reason = None, "unreachable"
             else:
-                rank, reason, predicted = await link.explained(self.query(client, request))
+                if self.settings.send == "keys":
+                    await link.ready()  # the first time: dpcoord's block size
+                rank, reason, predicted = await link.explained(self.query(client, request, link))
         except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
             log.exception("dpcoord: asking for request %s's engine failed", rid)
             rank, reason = None, "error"
@@ -208,15 +269,29 @@ class Hook:
             self.routing.discard(rid)
         if rid in self.aborted_in_route:
             self.aborted_in_route.discard(rid)
+            if rank is not None:
+                self.withdraw(link, rank)
             return _SKIP
         if rank is not None and rank >= len(client.core_engines):
+            self.withdraw(link, rank)
             rank, reason = None, "out_of_range"
         if rank is not None and predicted is not None:
             self.predicted[rid] = (rank, predicted)
         self.count(reason or "dpcoord")
         return rank
 
-    def query(self, client: Any, request: Any) -> dict[str, Any]:
+    def sent(self, request: Any, engine: bytes) -> None:
+        """vLLM sends ``request`` to ``engine`` (a ZeroMQ identity: the global DP rank,
+        2 bytes little-endian): counted there unless it is a later chunk of a request
+        already counted (a streaming-input session) or vLLM aborts it at once."""
+        rid = request.request_id
+        if rid in self.placed or getattr(request, "abort_immediately", False):
+            return
+        rank = int.from_bytes(engine, "little")
+        self.placed[rid] = rank
+        TALLY.sent(rank)
+
+    def query(self, client: Any, request: Any, link: RouteLink) -> dict[str, Any]:
         tokens = request.prompt_token_ids
         query: dict[str, Any] = {"v": _core.VERSION, "op": "route", "id": request.request_id}
         if tokens is None:
@@ -227,7 +302,7 @@ class Hook:
         lora = request.lora_request.lora_name if request.lora_request is not None else None
         salt = request.cache_salt
         if self.settings.send == "keys":
-            block_size = client.vllm_config.cache_config.block_size
+            block_size = link.block_size or client.vllm_config.cache_config.block_size
             query.update(block_keys=prefix.block_keys(tokens, block_size, lora, salt), explain=True)
         elif self.settings.send == "tokens":
             query.update({"tokens": tokens, "lora": lora, "salt": salt, "explain": True})
@@ -247,20 +322,37 @@ class Hook:
         except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
             log.exception("dpcoord: reporting request %s's cached tokens failed", output.request_id)
 
+    def withdraw(self, link: RouteLink | None, rank: int) -> None:
+        """dpcoord's placement on ``rank`` that vLLM did not use: withdrawn at once."""
+        self.withdrawn[rank] += 1
+        if link is not None:
+            link.report({"v": _core.VERSION, "op": "finished", "placed": rank})
+
     def link(self) -> RouteLink | None:
-        """This event loop's link to dpcoord (made on first use; None if the endpoint is invalid)."""
+        """This event loop's link to dpcoord: the one made at install if this process
+        made it and no loop has taken it, else one made now; None if the endpoint is invalid."""
         loop = asyncio.get_running_loop()
+        if self.bad_endpoint:
+            return None
         if loop not in self.links:
-            try:
-                self.links[loop] = RouteLink(self.settings.endpoint, self.settings.timeout_s)
-            except Exception as e:  # noqa: BLE001 - a bad endpoint must not stop vLLM
-                log.error("dpcoord: cannot connect to %s (%s); vLLM balances its engines by itself", self.settings.endpoint, e)
-                self.links[loop] = None
+            warm, self.warm = self.warm, None
+            # A forked child must not touch its parent's socket (pyzmq leaves it unclosed).
+            self.links[loop] = warm if warm is not None and warm.pid == os.getpid() else self._connect(attach=True)
             for old in [lp for lp in self.links if lp.is_closed()]:
                 gone = self.links.pop(old)
                 if gone is not None:
                     gone.close()
         return self.links[loop]
+
+    def _connect(self, attach: bool) -> RouteLink | None:
+        try:
+            link = RouteLink(self.settings.endpoint, self.settings.timeout_s, attach=attach)
+        except Exception as e:  # noqa: BLE001 - a bad endpoint must not stop vLLM
+            log.error("dpcoord: cannot connect to %s (%s); vLLM balances its engines by itself", self.settings.endpoint, e)
+            self.bad_endpoint = True
+            return None
+        link.on_late = lambda rank: self.withdraw(link, rank)
+        return link
 
     def count(self, outcome: str) -> None:
         self.counts[outcome] += 1
@@ -277,11 +369,16 @@ class Hook:
             log.warning("dpcoord: requests placed by vLLM's own rule since the last report: %s (%s)", what, self.settings.endpoint)
 
 
-def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
+def _wrap(methods: dict[str, Any]) -> None:
     """Puts the hook around vLLM's methods; each call goes to the process's
     :data:`HOOK` (straight to vLLM's method while there is none)."""
+    client = sys.modules[CLIENT]
+    lb, dp, single = client.DPLBAsyncMPClient, client.DPAsyncMPClient, client.AsyncMPClient
+    out = sys.modules[OUTPUTS].OutputProcessor
     add = methods["DPAsyncMPClient.add_request_async"]
     pick = methods["DPLBAsyncMPClient.get_core_engine_for_request"]
+    own_engine = methods["DPAsyncMPClient.get_core_engine_for_request"]
+    add_one = methods["AsyncMPClient.add_request_async"]
     abort = methods["OutputProcessor.abort_requests"]
     process = methods["OutputProcessor.process_outputs"]
 
@@ -303,7 +400,6 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
         if hook is None:
             return pick(client, request)
         rank = hook.chosen.pop(request.request_id, None)
-        new = request.request_id not in client.reqs_in_flight
         if rank is None:
             engine = pick(client, request)
         else:
@@ -312,11 +408,19 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
                 engine = pick(client, request)
             finally:
                 request.data_parallel_rank = pinned
-        if new and not getattr(request, "abort_immediately", False) and engine in client.core_engines:
-            sent = client.core_engines.index(engine)
-            hook.placed[request.request_id] = sent
-            TALLY.sent(sent)
+        hook.sent(request, engine)
         return engine
+
+    def external_lb_engine(client, request):
+        engine = own_engine(client, request)
+        if HOOK is not None:
+            HOOK.sent(request, engine)
+        return engine
+
+    async def add_to_the_engine(client, request):
+        if HOOK is not None:
+            HOOK.sent(request, client.core_engine)
+        await add_one(client, request)
 
     def abort_requests(processor, request_ids, internal):
         aborted = abort(processor, request_ids, internal)
@@ -341,6 +445,8 @@ def _wrap(lb: type, out: type, methods: dict[str, Any]) -> None:
 
     lb.add_request_async = add_request_async
     lb.get_core_engine_for_request = get_core_engine_for_request
+    dp.get_core_engine_for_request = external_lb_engine
+    single.add_request_async = add_to_the_engine
     out.abort_requests = abort_requests
     out.process_outputs = process_outputs
 

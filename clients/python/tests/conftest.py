@@ -251,8 +251,28 @@ def bring_up(daemon: Daemon, engines_factory, ranks: list[int], **kw: Any) -> En
 # sglang==0.5.23 (installed with --no-deps plus tests/compat/requirements.txt, as
 # .ci/test does). A missing or different package fails those tests: nothing is
 # skipped, and nothing is installed from here.
+#
+# The other vLLM releases of the support window (compat/vllm-releases.txt) are
+# installed by .ci/test into folders of their own (``pip install --no-deps
+# --target``); ``DPCOORD_VLLM_HOME=<folder>`` runs the suite on that release
+# instead: the folder comes first on this process's path and its children's
+# (compat/test_vllm_window.py runs the hook's tests so on each release).
 
-PINNED = {"vllm": "0.33.0", "sglang": "0.5.23"}
+#: the environment this run started with (before a release folder was put on PYTHONPATH)
+BASE_ENV = dict(os.environ)
+VLLM_HOME = os.environ.get("DPCOORD_VLLM_HOME")
+if VLLM_HOME:
+    sys.path.insert(0, VLLM_HOME)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (VLLM_HOME, os.environ.get("PYTHONPATH")) if p)
+
+
+def vllm_release_of(home: str) -> str:
+    """The vLLM version installed in ``home`` (a ``pip install --target`` folder)."""
+    [dist] = Path(home).glob("vllm-*.dist-info")
+    return dist.name[len("vllm-") : -len(".dist-info")]
+
+
+PINNED = {"vllm": vllm_release_of(VLLM_HOME) if VLLM_HOME else "0.33.0", "sglang": "0.5.23"}
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ HERE = Path(__file__).parent
 WRAPPED = (
     ("vllm.v1.engine.core_client", "DPLBAsyncMPClient", "add_request_async"),
     ("vllm.v1.engine.core_client", "DPLBAsyncMPClient", "get_core_engine_for_request"),
+    ("vllm.v1.engine.core_client", "DPAsyncMPClient", "get_core_engine_for_request"),
+    ("vllm.v1.engine.core_client", "AsyncMPClient", "add_request_async"),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "abort_requests"),
     ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs"),
 )
@@ -61,7 +63,7 @@ def hook(real, vllm_modules, monkeypatch, tmp_path):
     yield install
     for hook in [vllm_route.HOOK]:
         if hook is not None:
-            for link in hook.links.values():
+            for link in [*hook.links.values(), hook.warm]:
                 if link is not None:
                     link.close()
     for (m, c, f), fn in saved.items():

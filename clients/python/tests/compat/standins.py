@@ -71,6 +71,10 @@ VALUES = {
     "torch.version.hip": None,
     "torch.version.cuda": None,
     "torch.library.infer_schema": infer_schema,
+    # vLLM 0.34 checks at import that array typecodes match these dtypes' sizes.
+    "torch.int32.itemsize": 4,
+    "torch.int64.itemsize": 8,
+    "torch.float32.itemsize": 4,
 }
 
 

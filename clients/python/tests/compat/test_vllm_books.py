@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import uuid
 from collections import Counter
 from types import SimpleNamespace
+
+import pytest
 
 from conftest import DEADLINE, bring_up, eventually
 from hook_fixtures import HERE, client_for, hook, request, vllm_modules  # noqa: F401 - fixtures
@@ -58,6 +61,85 @@ def test_an_abort_then_an_arrival_in_the_next_step_are_both_counted(real, hook, 
     eventually("c finished", lambda: d.state()["ranks"][1]["counts"] == [0, 0, 3, 1, 2])
     for lg in server.per_engine_stat_loggers.values():
         lg.close()
+
+
+@pytest.mark.parametrize(
+    "kind, rank",
+    [("internal LB", 1), ("external LB", 1), ("one engine", 0)],
+)
+def test_the_books_are_exact_on_every_client_class(real, hook, start_daemon, tmp_path, monkeypatch, kind, rank):
+    """vLLM builds ``DPLBAsyncMPClient`` (``--data-parallel-size N``), ``DPAsyncMPClient``
+    (``--data-parallel-external-lb``: this API server has rank ``rank``'s engine only) or
+    ``AsyncMPClient`` (one engine); each request sent and each client abort is counted
+    on its engine whichever it is."""
+    import vllm_engine
+
+    d = start_daemon("--dp-size", "2")
+    h = hook(DPCOORD_STATS_ENDPOINT=d.stats)
+    loggers_mod, stats = real["vllm.v1.metrics.loggers"], real["vllm.v1.metrics.stats"]
+    monkeypatch.setenv("DPCOORD_STATE_DIR", str(tmp_path / "ledgers"))
+    monkeypatch.setenv("DPCOORD_GROUP", uuid.uuid4().hex)
+    config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=1))
+    [factory] = loggers_mod.load_stat_logger_plugin_factories()
+    server = loggers_mod.PerEngineStatLoggerAdapter(config, [rank], per_engine_stat_logger_factory=factory)
+    core = {
+        "internal LB": lambda: client_for(real, 2),
+        "external LB": lambda: vllm_engine.make_external_lb_client(real, rank, 2),
+        "one engine": lambda: vllm_engine.make_single_client(real),
+    }[kind]()
+    llm = vllm_engine.make_async_llm(real, core)
+    pin = rank if kind == "internal LB" else None  # vLLM's own rule would spread them
+
+    async def run():
+        for rid in ("a", "b", "c"):
+            await vllm_engine.add_request(real, llm, request(real, rid, data_parallel_rank=pin))
+        await llm.abort("b")
+
+    asyncio.run(run())
+    assert [vllm_engine.rank_of(e) for t, _, e in core.sent if t.name == "ADD"] == [rank] * 3
+    assert h.placed == {"a": rank, "c": rank}
+    it = stats.IterationStats()
+    stop = real["vllm.v1.engine"].FinishReason.STOP
+    it.finished_requests = [stats.FinishedRequestStats(finish_reason=stop) for _ in range(2)]
+    server.record(stats.SchedulerStats(), it, engine_idx=rank)
+    eventually("3 received, 2 finished, 1 aborted", lambda: d.state()["ranks"][rank]["counts"] == [0, 0, 3, 2, 1])
+    for lg in server.per_engine_stat_loggers.values():
+        lg.close()
+
+
+# -- placements vLLM did not use -------------------------------------------------------------
+
+
+def test_an_answer_after_the_deadline_is_withdrawn_at_once(real, hook, start_daemon, engines):
+    """dpcoord answers after the request went by vLLM's rule (dpcoord stopped, then
+    resumed): the placement it booked is withdrawn by the late answer, not by its TTL."""
+    d = start_daemon("--dp-size", "4", "--policy", "least_load", "--pending-ttl-ms", "60000")
+    e = bring_up(d, engines, [0, 1, 2, 3])
+    for r in (0, 1, 3):
+        e.set(r, waiting=9)
+    eventually("rank 2 is the least loaded", lambda: [r["counts"][0] for r in d.state()["ranks"]] == [9, 9, 0, 9])
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="100")
+    client = client_for(real, 4)
+
+    async def late():
+        await client.add_request_async(request(real))  # the link is up: rank 2
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            await client.add_request_async(request(real, "late"))
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        # dpcoord books rank 2 for the query it reads now; its answer comes back late.
+        end = asyncio.get_running_loop().time() + DEADLINE
+        while h.withdrawn[2] == 0 and asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(0.005)
+
+    asyncio.run(asyncio.wait_for(late(), 2 * DEADLINE))
+    assert h.counts == Counter(dpcoord=1, timeout=1) and h.withdrawn == Counter({2: 1})
+    import vllm_engine
+
+    assert vllm_engine.rank_of(client.sent[0][2]) == 2 and "late" in client.reqs_in_flight  # sent, by vLLM's rule
+    eventually("only the first placement stands", lambda: [(r["routed"], r["pending"]) for r in d.state()["ranks"]]
+               == [(0, 0), (0, 0), (1, 1), (0, 0)])
 
 
 # -- several API servers ------------------------------------------------------------------
@@ -170,5 +252,9 @@ def test_a_request_aborted_while_dpcoord_answers_is_sent_nowhere(real, hook, tmp
         assert client.sent == [] and client.reqs_in_flight == {}  # no engine got it
         assert TALLY.take(0) == TALLY.take(1) == (0, 0) and h.placed == {}
         assert h.counts == Counter()  # neither placed by dpcoord nor by vLLM's rule
+        # dpcoord's placement on rank 1 is withdrawn at once.
+        assert h.withdrawn == Counter({1: 1})
+        eventually("the withdrawal reaches dpcoord", lambda: len(replies) == 2)
+        assert {k: replies[1][k] for k in ("op", "placed")} == {"op": "finished", "placed": 1} and "rank" not in replies[1]
     finally:
         fake.close()

@@ -11,8 +11,10 @@ import random
 import time
 from collections import Counter
 
-from conftest import DEADLINE, bring_up, eventually
-from hook_fixtures import add, client_for, hook, hook_metric, request, vllm_modules, wrapped  # noqa: F401 - fixtures
+import pytest
+
+from conftest import DEADLINE, PINNED, bring_up, eventually
+from hook_fixtures import HERE, add, client_for, hook, hook_metric, request, vllm_modules, wrapped  # noqa: F401 - fixtures
 
 
 # -- installed by vLLM, only where tested ------------------------------------------------
@@ -20,28 +22,40 @@ from hook_fixtures import add, client_for, hook, hook_metric, request, vllm_modu
 
 def test_vllms_plugin_loader_installs_the_hook_only_when_asked(hook, vllm_modules):
     assert hook() is None  # no DPCOORD_* variable: vLLM's classes stay as they are
-    assert wrapped(vllm_modules) == ["vllm.v1.engine.core_client"] * 2 + ["vllm.v1.engine.output_processor"] * 2
+    assert wrapped(vllm_modules) == ["vllm.v1.engine.core_client"] * 4 + ["vllm.v1.engine.output_processor"] * 2
     assert hook(DPCOORD_ROUTE_ENDPOINT="ipc:///nonexistent") is not None
-    assert wrapped(vllm_modules) == ["dpcoord.vllm_route"] * 4
+    assert wrapped(vllm_modules) == ["dpcoord.vllm_route"] * 6
 
 
 def test_an_untested_vllm_is_left_as_it_is(hook, vllm_modules, monkeypatch, caplog):
     from dpcoord import vllm_route
 
-    changed = dict(vllm_route.TESTED["0.33.0"], **{"OutputProcessor.abort_requests": "0" * 16})
-    monkeypatch.setattr(vllm_route, "TESTED", {"0.33.0": changed})
+    release = PINNED["vllm"]
+    changed = dict(vllm_route.TESTED[release], **{"OutputProcessor.abort_requests": "0" * 16})
+    monkeypatch.setattr(vllm_route, "TESTED", {release: changed})
     with caplog.at_level(logging.WARNING, logger="dpcoord.vllm"):
         assert hook(DPCOORD_ROUTE_ENDPOINT="ipc:///nonexistent") is None
-    assert wrapped(vllm_modules) == ["vllm.v1.engine.core_client"] * 2 + ["vllm.v1.engine.output_processor"] * 2
+    assert wrapped(vllm_modules) == ["vllm.v1.engine.core_client"] * 4 + ["vllm.v1.engine.output_processor"] * 2
     assert [r.getMessage() for r in caplog.records] == [
         "dpcoord: not installed in vLLM's request path: OutputProcessor.abort_requests is not the one it was"
-        " tested against in vLLM 0.33.0; vLLM runs as without dpcoord"
+        f" tested against in vLLM {release}; vLLM runs as without dpcoord"
     ]
-    monkeypatch.setattr(vllm_route, "TESTED", {"0.34.0": changed})
+    monkeypatch.setattr(vllm_route, "TESTED", {"0.31.0": changed, "0.9.1": changed})
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dpcoord.vllm"):
         assert hook(DPCOORD_ROUTE_ENDPOINT="ipc:///nonexistent") is None
-    assert "vLLM 0.33.0 is not a version it is tested against (0.34.0)" in caplog.records[0].getMessage()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dpcoord: not installed in vLLM's request path: vLLM {release} is not a release it is tested against"
+        " (0.31.0, 0.9.1); install one of them (pip install 'vllm==0.31.0'), or let a frontend or gateway ask"
+        " dpcoord (docs/engines.md); vLLM runs as without dpcoord"
+    ]
+
+
+def test_the_support_window_is_vllms_last_three_minor_releases():
+    from dpcoord import vllm_route
+
+    window = [line.strip() for line in (HERE / "vllm-releases.txt").read_text().splitlines() if line[:1].isdigit()]
+    assert sorted(vllm_route.TESTED) == window == ["0.32.0", "0.33.0", "0.34.0"]
 
 
 # -- dpcoord decides, vLLM books ---------------------------------------------------------
@@ -117,7 +131,7 @@ def test_a_bad_setting_keeps_the_books_and_asks_nothing(real, hook, caplog):
 
 
 def test_a_rank_beyond_vllms_engines_goes_by_vllms_rule(real, hook, start_daemon, engines):
-    d = start_daemon("--dp-size", "8", "--policy", "least_load")
+    d = start_daemon("--dp-size", "8", "--policy", "least_load", "--pending-ttl-ms", "60000")
     e = bring_up(d, engines, list(range(8)))
     for r in range(4):
         e.set(r, waiting=9)
@@ -125,7 +139,9 @@ def test_a_rank_beyond_vllms_engines_goes_by_vllms_rule(real, hook, start_daemon
     h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
     client = client_for(real, 4)  # this vLLM has 4 engines; dpcoord was told 8
     assert add(real, client, *(request(real) for _ in range(4))) == [0, 1, 2, 3]  # vLLM's rule
-    assert h.counts == Counter(out_of_range=4)
+    assert h.counts == Counter(out_of_range=4) and sum(h.withdrawn.values()) == 4
+    # dpcoord's placements on ranks vLLM does not have are withdrawn, not left to their TTL.
+    eventually("nothing pending", lambda: [r["pending"] for r in d.state()["ranks"]] == [0] * 8)
 
 
 def test_requests_flow_on_vllms_rule_while_dpcoord_is_down_and_come_back(real, hook, start_daemon, engines):
@@ -159,7 +175,16 @@ def test_requests_flow_on_vllms_rule_while_dpcoord_is_down_and_come_back(real, h
 # -- prefix-aware through vLLM's request path ---------------------------------------------
 
 
-def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, engines, monkeypatch):
+@pytest.mark.parametrize(
+    "engine_block, dcp",
+    [(16, 1), (64, 1), (16, 2)],
+    ids=["engines at 16", "engines at 64", "engines at 16 x dcp 2"],
+)
+def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, engines, monkeypatch, engine_block, dcp):
+    """The API server's ``cache_config.block_size`` is 16; the engines' KV events come
+    in blocks of ``engine_block * dcp`` (vLLM 0.34's default block is 64; decode-context
+    parallelism multiplies it). The hook keys prompts in dpcoord's size, so every
+    request goes to the rank holding its prefix."""
     import vllm_engine
     from test_kv_events import free_ports
 
@@ -180,23 +205,28 @@ def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, 
     try:
         rng = random.Random(7)
         held = {r: [rng.randrange(1, 150_000) for _ in range(256)] for r in (2, 1)}
+        size = engine_block * dcp
 
         def holds(rank: int) -> bool:
             # A fresh engine prefills the prompt and publishes its blocks, until dpcoord's
             # subscription is wired and has them (PUB drops what it sends before).
-            events = vllm_engine.kv_events_for_prompt(real, held[rank] + [rank])
+            manager = vllm_engine.make_kv_cache_manager(real, engine_block, dcp=dcp)
+            events = vllm_engine.kv_events_for_prompt(real, held[rank] + [rank], manager=manager)
+            assert {e.block_size for e in events} == {size}
             publishers[rank].publish(events_mod.KVEventBatch(ts=time.time(), events=events, data_parallel_rank=rank))
             reply = d.call("health", {"v": 1, "op": "prefix", "tokens": held[rank]})
-            return reply.get("matched", [0] * 4)[rank] == 16
+            return reply.get("matched", [0] * 4)[rank] == 256 // size
 
         for rank in held:
             eventually(f"dpcoord holds rank {rank}'s prefix", lambda: holds(rank), interval=0.05)
         h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
         client = client_for(real, 4)
+        assert client.vllm_config.cache_config.block_size == 16
         # Equally loaded ranks; vLLM's rule would take 0, then 1 (its rotating scan).
         assert add(real, client, request(real, tokens=held[2] + [5, 6, 7])) == [2]
         assert add(real, client, request(real, tokens=held[1] + [9])) == [1]
         assert h.counts == Counter(dpcoord=2)
+        assert [link.block_size for link in h.links.values()] == [size]
     finally:
         for p in publishers:
             p.shutdown()

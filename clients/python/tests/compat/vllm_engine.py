@@ -24,6 +24,7 @@ import itertools
 import time
 import weakref
 import zlib
+from types import SimpleNamespace
 from typing import Any
 
 #: vLLM's ``--prefix-caching-hash-algo`` default
@@ -85,19 +86,38 @@ def make_dplb_client(real_modules, dp_size: int, client_count: int = 1, client_i
     engines and sockets) skipped: the attributes are the ones ``__init__`` sets for an
     internal-LB front end, with no load reported yet (``lb_engines`` all ``[0, 0, 0.0]``;
     a test may set them as the coordinator's stats would)."""
-    cc = _mod("vllm.v1.engine.core_client")
     assert dp_size > 1, "DPLBAsyncMPClient asserts more than one engine"
-    client = object.__new__(cc.DPLBAsyncMPClient)
-    client.client_count = client_count
-    client.client_index = client_index
-    client.engine_ranks_managed = list(range(dp_size))
-    client.core_engines = [engine_identity(r) for r in range(dp_size)]
-    client.core_engine = client.core_engines[0]
+    client = _bare_client("DPLBAsyncMPClient", list(range(dp_size)), client_count, client_index)
     client.lb_engines = [[0, 0, 0.0] for _ in client.core_engines]
     client.reqs_in_flight = {}
     client.streaming_reqs = set()
     client.engine_inflight = collections.Counter()
     client.eng_start_index = (dp_size * client_index) // client_count
+    return client
+
+
+def make_external_lb_client(real_modules, rank: int, dp_size: int):
+    """A real ``DPAsyncMPClient``, as vLLM builds it for the API server of DP rank
+    ``rank`` under ``--data-parallel-external-lb``: one engine, that rank's (else as
+    :func:`make_dplb_client`)."""
+    return _bare_client("DPAsyncMPClient", [rank], dp_size, rank)
+
+
+def make_single_client(real_modules):
+    """A real ``AsyncMPClient``, as vLLM builds it for one engine (no data parallelism)."""
+    return _bare_client("AsyncMPClient", [0], 1, 0)
+
+
+def _bare_client(cls: str, ranks: list[int], client_count: int, client_index: int):
+    """An instance of ``core_client.<cls>`` managing the engines of ``ranks``, without
+    ``__init__``; what it sends is recorded in ``client.sent``."""
+    cc = _mod("vllm.v1.engine.core_client")
+    client = object.__new__(getattr(cc, cls))
+    client.client_count = client_count
+    client.client_index = client_index
+    client.engine_ranks_managed = list(ranks)
+    client.core_engines = [engine_identity(r) for r in ranks]
+    client.core_engine = client.core_engines[0]
     client.current_wave = 0
     client.engines_running = False
     client.utility_results = {}
@@ -109,7 +129,18 @@ def make_dplb_client(real_modules, dp_size: int, client_count: int = 1, client_i
         client.sent.append((request_type, request, client.core_engine if engine is None else engine))
 
     client._send_input = _send_input
+    client.first_req_send_socket = _Notices()  # vLLM 0.32 tells its coordinator of a first request
     return client
+
+
+class _Notices:
+    """Stands for vLLM 0.32's ``first_req_send_socket``, taking what is sent."""
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+
+    async def send(self, message: bytes) -> None:
+        self.sent.append(message)
 
 
 def rank_of(engine: bytes) -> int:
@@ -136,6 +167,8 @@ def make_async_llm(real_modules, engine_core):
     llm.logger_manager = None
     llm.log_requests = False
     llm.log_stats = False
+    # vLLM 0.34's admission check reads whether fault tolerance is on (off by default).
+    llm.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(enable_fault_tolerance=False))
     return llm
 
 
@@ -162,12 +195,14 @@ def image_feature(real_modules, identifier: str, offset: int, length: int):
 
 
 def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 256, max_model_len: int = 8192,
-                          num_hash_lookahead_tokens: int = 0):
+                          num_hash_lookahead_tokens: int = 0, dcp: int = 1):
     """A real ``KVCacheManager`` as the scheduler builds it for a model with one
     full-attention group: prefix caching and KV events on, the engine's request block
     hasher (sha256) in ``manager.block_hasher``. ``num_hash_lookahead_tokens`` is
     ``VllmConfig.num_hash_lookahead_tokens`` (EAGLE with lookahead block hashes: the
-    scheduler passes it to both, and turns its EAGLE block drop off)."""
+    scheduler passes it to both, and turns its EAGLE block drop off). ``dcp`` is the
+    decode-context-parallel size: the scheduler's and the hash block size are then
+    ``block_size * dcp`` (``resolve_kv_cache_block_sizes``), and so is the KV events'."""
     kvi = _mod("vllm.v1.kv_cache_interface")
     utils = _mod("vllm.v1.core.kv_cache_utils")
     hash_fn = _mod("vllm.utils.hashing").get_hash_fn_by_name(HASH_ALGO)
@@ -178,11 +213,14 @@ def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 
         num_blocks=num_blocks, kv_cache_tensors=[],
         kv_cache_groups=[kvi.KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
     )
+    # Lookahead block hashes came with vLLM 0.33: without them, 0.32's arguments.
+    lookahead = (num_hash_lookahead_tokens,) if num_hash_lookahead_tokens else ()
     manager = _mod("vllm.v1.core.kv_cache_manager").KVCacheManager(
-        config, max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
-        enable_caching=True, enable_kv_cache_events=True, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+        config, max_model_len=max_model_len, scheduler_block_size=block_size * dcp,
+        hash_block_size=block_size * dcp, enable_caching=True, enable_kv_cache_events=True, dcp_world_size=dcp,
+        **({"num_hash_lookahead_tokens": num_hash_lookahead_tokens} if lookahead else {}),
     )
-    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn, num_hash_lookahead_tokens)
+    manager.block_hasher = utils.get_request_block_hasher(block_size * dcp, hash_fn, *lookahead)
     return manager
 
 
@@ -212,7 +250,7 @@ def make_hybrid_kv_cache_manager(real_modules, block_size: int = 16, num_blocks:
         enable_caching=True, enable_kv_cache_events=True,
     )
     assert type(manager.coordinator).__name__ == "HybridKVCacheCoordinator"
-    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn, 0)
+    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn)
     return manager
 
 
