@@ -238,6 +238,8 @@ class Hook:
             link = self.link()
             if link is None:
                 rank, reason = None, "unreachable"
+            elif (reason := link.unanswered()) is not None:
+                rank = None  # known before the query is built
             else:
                 rank, reason = link.route(*self.query(controller, req))
             if rank is not None:
@@ -359,15 +361,21 @@ class SyncRouteLink:
         """Whether a send now would be taken (a connection to dpcoord exists)."""
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
+    def unanswered(self) -> str | None:
+        """The answer a query would have now without being sent (``unreachable``: no
+        connection; ``timeout``: waiting for a ping's answer), else None. Reads the
+        replies that are there first: a ping's answer brings the link back."""
+        self._read(None)
+        if self.connected and not self.writable():
+            return "unreachable"
+        if self.down:
+            self._probe()
+            return "timeout"
+        return None
+
     def route(self, payload: bytes, qid: int) -> tuple[int | None, str | None]:
         """``(rank, None)`` or ``(None, reason)`` for an encoded route query whose ``id``
-        is ``qid`` (a positive int)."""
-        self._read(None)
-        if self.down:
-            if not self.writable():
-                return None, "unreachable"
-            self._probe()
-            return None, "timeout"
+        is ``qid`` (a positive int); ask :meth:`unanswered` first."""
         if not self._send(payload):
             if self.connected:
                 return None, "unreachable"

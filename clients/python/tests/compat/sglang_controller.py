@@ -120,6 +120,21 @@ def generate(rid: str | None = None, tokens=(1, 2, 3), **fields: Any):
     )
 
 
+def embedding(rid: str | None = None, tokens=(1, 2, 3), **fields: Any):
+    """A real ``TokenizedEmbeddingReqInput``, as SGLang's tokenizer manager sends it."""
+    io = importlib.import_module("sglang.srt.managers.io_struct")
+    sampling = importlib.import_module("sglang.srt.sampling.sampling_params")
+    return io.TokenizedEmbeddingReqInput(
+        rid=rid or uuid.uuid4().hex,
+        input_text="",
+        input_ids=array("q", tokens),
+        mm_inputs=None,
+        token_type_ids=None,
+        sampling_params=sampling.SamplingParams(max_new_tokens=0),
+        **fields,
+    )
+
+
 def health_check():
     """The request SGLang's ``/health_generate`` sends (its rid prefix marks it)."""
     constants = importlib.import_module("sglang.srt.constants")

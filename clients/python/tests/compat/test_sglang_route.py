@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bring_up, eventually
-from sglang_controller import controller_module, dispatch, generate, health_check, make_controller
+from sglang_controller import controller_module, dispatch, embedding, generate, health_check, make_controller
 from test_kv_events import Prompt, free_ports, join, prefix, sglang_kv, start, tokens  # noqa: F401 - fixture
 
 METHODS = ("round_robin_scheduler", "total_requests_scheduler", "total_tokens_scheduler")
@@ -316,3 +316,28 @@ def test_a_prompt_goes_to_the_rank_whose_sglang_tree_cache_holds_its_prefix(
     assert dispatch(c, generate(tokens=a.tokens + tokens(rng, 32))) == [1]
     assert dispatch(c, generate(tokens=b.tokens + tokens(rng, 32), cache_salt="tenant-7")) == [0]
     assert h.counts == Counter(dpcoord=2)
+
+
+def test_the_prompt_is_keyed_as_sglangs_cache_keys_it(dpc, hook, start_daemon, engines):
+    """dpcoord's placements (its approximate index: no KV events here) show what each
+    query carried: the LoRA name seeds the keys, an embedding request's prompt is
+    sent too, and a prompt under an ``extra_key`` (which SGLang's cache keys by and
+    its events do not carry) goes by its length only."""
+    d = start_daemon("--dp-size", "2", "--policy", "cache_aware")
+    bring_up(d, engines, [0, 1])
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
+    c = make_controller(dpc, 2)
+    lora, plain, embed, extra = (tuple(range(start, start + 128)) for start in (1, 1001, 2001, 3001))
+
+    def held(tokens, **seed) -> list[int]:
+        return d.call("health", {"v": 1, "op": "prefix", "tokens": list(tokens), **seed})["matched"]
+
+    [r1] = dispatch(c, generate(tokens=lora, lora_id="a" * 32, lora_name="adapter-x"))
+    [r2] = dispatch(c, embedding(tokens=embed))
+    [r3] = dispatch(c, generate(tokens=extra, extra_key="tenant-class"))
+    assert held(lora, lora="adapter-x") == [8 if r == r1 else 0 for r in (0, 1)]
+    assert held(lora) == [0, 0]  # keyed under the LoRA name only
+    assert held(embed) == [8 if r == r2 else 0 for r in (0, 1)]
+    assert held(extra) == [0, 0]  # its length only
+    assert held(plain) == [0, 0]
+    assert sum(routed(d)) == 3 and h.counts == Counter(dpcoord=3)
