@@ -9,7 +9,7 @@ imported, and only on an SGLang version and methods it was tested against
 (:data:`TESTED`), it registers an ``AROUND`` hook with SGLang's own
 ``HookRegistry`` on each method of :data:`SEAMS`, the controller's load-balance
 methods (``--load-balance-method`` ``round_robin``, ``total_requests``,
-``total_tokens``; ``auto`` is one of these):
+``total_tokens``; ``auto`` is ``round_robin`` except on a PD prefill server):
 
 * a request SGLang pins (``routed_dp_rank``, from the request body or the
   ``X-Data-Parallel-Rank`` header) goes to SGLang's own method, which sends it
