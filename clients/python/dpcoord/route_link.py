@@ -10,9 +10,10 @@ the reason it has none:
   for a dpcoord that is not there, so the answer is immediate, except while the
   link's first connection is being made: until the deadline after the link was
   made, a query waits for it);
-* ``timeout``: no reply within the deadline; after ``DOWN_AFTER`` timeouts in a row
-  the link stops waiting (``down``: answered at once) and sends a ``ping`` every
-  ``PROBE_EVERY_S`` until one is answered;
+* ``timeout``: no reply within the deadline; after ``DOWN_AFTER`` timeouts in a row,
+  spread over at least ``DOWN_AFTER - 1`` deadlines (a burst that misses one deadline
+  together does not count as a dead dpcoord), the link stops waiting (``down``:
+  answered at once) and sends a ``ping`` every ``PROBE_EVERY_S`` until one is answered;
 * ``refused``: dpcoord answered with an error (no routable rank, ...);
 * ``bad_reply``: an answer that is not a valid route reply.
 
@@ -47,7 +48,8 @@ import zmq
 
 from . import _core
 
-#: timeouts in a row after which the link answers at once until dpcoord answers a ping
+#: timeouts in a row, over at least ``DOWN_AFTER - 1`` deadlines, after which the link
+#: answers at once until dpcoord answers a ping
 DOWN_AFTER = 3
 #: how often a ``down`` link pings dpcoord
 PROBE_EVERY_S = 0.1
@@ -98,6 +100,8 @@ class RouteLink:
         self.timer: asyncio.TimerHandle | None = None
         self.ids = itertools.count(1)
         self.timeouts = 0
+        #: when the first and the last timeout of the current run of them happened
+        self.timeouts_since = self.last_timeout = 0.0
         self.probe_id: int | None = None
         self.probe_at = 0.0
         #: ids of queries given up on (timed out, or dropped by the caller) -> when
@@ -122,7 +126,9 @@ class RouteLink:
 
     @property
     def down(self) -> bool:
-        return self.timeouts >= DOWN_AFTER
+        # A burst of queries that all miss one deadline together is one slow moment:
+        # the link is down only when timeouts keep coming over several deadlines.
+        return self.timeouts >= DOWN_AFTER and self.last_timeout - self.timeouts_since >= (DOWN_AFTER - 1) * self.timeout_s
 
     def unreachable(self) -> bool:
         """Whether a query now would be answered ``unreachable`` (no connection to dpcoord,
@@ -200,7 +206,10 @@ class RouteLink:
                 self.timer = self.loop.call_at(deadline, self._expire)
                 break
             del self.waiting[qid]
+            if self.timeouts == 0:
+                self.timeouts_since = now
             self.timeouts += 1
+            self.last_timeout = now
             self.given_up(qid)
             if not future.done():
                 future.set_result((None, "timeout", None))

@@ -8,7 +8,8 @@ line, each answered with one JSON line on stdout:
 
 - ``idle``: the engines' stats say all ``DP_SIZE`` are idle (as API server 0 receives
   them) -> ``{}``
-- ``go``: adds ``REQUESTS`` requests at once -> ``{"ranks": [the engine of each]}``
+- ``go``: adds ``REQUESTS`` requests at once -> ``{"ranks": [the engine of each],
+  "outcomes": {how the hook placed them, counted since the process started}}``
 - ``finish``: every request this server sent finishes (STOP), reported as vLLM
   reports it, to this server, per engine -> ``{}``
 """
@@ -65,6 +66,7 @@ def main() -> None:
 
             loop.run_until_complete(burst())
             answer["ranks"] = [vllm_engine.rank_of(engine) for _, _, engine in client.sent]
+            answer["outcomes"] = dict(vllm_route.HOOK.counts)
         elif command == "finish":
             per_engine = Counter(vllm_engine.rank_of(engine) for _, _, engine in client.sent)
             for engine, n in sorted(per_engine.items()):

@@ -118,7 +118,8 @@ def test_an_answer_after_the_deadline_is_withdrawn_at_once(real, hook, start_dae
     for r in (0, 1, 3):
         e.set(r, waiting=9)
     eventually("rank 2 is the least loaded", lambda: [r["counts"][0] for r in d.state()["ranks"]] == [9, 9, 0, 9])
-    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="100")
+    # A deadline long enough that only the stopped dpcoord misses it, even on a loaded machine.
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="1000")
     client = client_for(real, 4)
 
     async def late():
