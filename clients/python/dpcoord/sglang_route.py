@@ -242,9 +242,9 @@ class Hook:
                 rank = None  # known before the query is built
             else:
                 rank, reason = link.route(*self.query(controller, req))
-            if rank is not None:
-                reason = _unusable(controller, rank)
-                rank = None if reason else rank
+            if rank is not None and (reason := _unusable(controller, rank)) is not None:
+                link.withdraw(rank)
+                rank = None
         except Exception:  # noqa: BLE001 - nothing of dpcoord's may fail a request
             log.exception("dpcoord: asking for request %s's rank failed", getattr(req, "rid", "?"))
             rank, reason = None, "error"
@@ -337,7 +337,8 @@ class SyncRouteLink:
     deadline, for the first connection), ``timeout`` (no answer in time; the link
     then stops waiting and answers ``timeout`` at once, pinging dpcoord every
     :data:`PROBE_EVERY_S`, until a ping is answered), ``refused`` (an error reply)
-    or ``bad_reply``. A late reply is read and dropped by the next query."""
+    or ``bad_reply``. A late reply is read by the next query, and the placement it
+    names withdrawn (:meth:`withdraw`): SGLang placed that request by itself."""
 
     def __init__(self, endpoint: str, timeout_s: float, context: zmq.Context | None = None):
         self.endpoint, self.timeout_s = endpoint, timeout_s
@@ -356,6 +357,8 @@ class SyncRouteLink:
         self.probe_id: int | None = None
         self.probe_at = 0.0
         self.pings = itertools.count(-1, -1)  # negative ids: never a query's
+        #: placements withdrawn because SGLang did not use them, per rank
+        self.withdrawn: Counter[int] = Counter()
 
     def writable(self) -> bool:
         """Whether a send now would be taken (a connection to dpcoord exists)."""
@@ -407,6 +410,12 @@ class SyncRouteLink:
         except zmq.ZMQError:  # EAGAIN: no connection (ZMQ_IMMEDIATE) or the send queue is full
             return False
 
+    def withdraw(self, rank: int) -> None:
+        """dpcoord's placement on ``rank`` that SGLang did not use: a ``finished``
+        report naming only the rank it was ``placed`` on, its answer ignored."""
+        self.withdrawn[rank] += 1
+        self._send(_core.encode({"v": _core.VERSION, "op": "finished", "placed": rank, "id": next(self.pings)}))
+
     def _probe(self) -> None:
         now = time.monotonic()
         if now - self.probe_at < PROBE_EVERY_S:
@@ -417,7 +426,7 @@ class SyncRouteLink:
 
     def _read(self, qid: int | None) -> tuple[int | None, str | None] | None:
         """Reads every reply that is there: a ping's answer brings the link back; the
-        answer to ``qid`` is returned (the rest are late answers, dropped)."""
+        answer to ``qid`` is returned; a late answer to an earlier query is withdrawn."""
         found = None
         while True:
             try:
@@ -433,6 +442,8 @@ class SyncRouteLink:
                 self.down, self.probe_id = False, None
             elif qid is not None and rid == qid:
                 found = outcome(reply)
+            elif type(rid) is int and rid > 0 and (late := outcome(reply)[0]) is not None:
+                self.withdraw(late)
 
     def close(self) -> None:
         self.sock.close(0)

@@ -211,6 +211,9 @@ def test_a_rank_sglang_cannot_send_to_goes_by_sglangs_own_method(dpc, hook, star
     eight._active_workers = [0, 1, 2, 3]
     assert dispatch(eight, *(generate() for _ in range(4))) == [0, 1, 2, 3]
     assert h.counts == Counter(out_of_range=4, inactive=4)
+    # dpcoord's 8 placements went unused: withdrawn at once, not left pending.
+    assert sum(h.link_of[1].withdrawn.values()) == 8
+    eventually("nothing routed or pending", lambda: [(r["routed"], r["pending"]) for r in d.state()["ranks"]] == [(0, 0)] * 8)
 
 
 def test_a_bad_endpoint_leaves_sglang_running_on_its_own_method(dpc, hook, caplog):
@@ -281,9 +284,10 @@ def test_a_hung_dpcoord_holds_one_request_for_one_deadline(dpc, hook, start_daem
         return h.counts["dpcoord"] == 2
 
     eventually("dpcoord answers a ping and is asked again", via_dpcoord, interval=0.02)
-    # dpcoord woke up to the query that timed out and placed it too: the protocol has no
-    # deadline to drop it by (its pending placement expires by time).
-    assert sum(routed(d)) == 3
+    # dpcoord woke up to the query that timed out and placed it too; its late answer,
+    # read by the next query, withdrew that placement: SGLang had placed the request.
+    assert sum(h.link_of[1].withdrawn.values()) == 1
+    eventually("the late placement withdrawn", lambda: sum(routed(d)) == 2)
 
 
 # -- prefix-aware through SGLang's dispatch -----------------------------------------------
