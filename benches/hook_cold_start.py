@@ -19,18 +19,13 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
-import msgpack
-import zmq
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "clients/python"))
-from dpcoord.publisher import StatsPublisher  # noqa: E402
+from bench_daemon import Daemon  # noqa: E402
 
 API_SERVER = REPO / "clients/python/tests/compat/api_server.py"
 
@@ -39,47 +34,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Daemon:
-    """A release dpcoord, its route socket on TCP, 8 ranks kept up by fake publishers."""
-
-    def __init__(self, binary: str):
-        d = tempfile.mkdtemp()
-        self.route, self.stats = f"tcp://127.0.0.1:{free_port()}", f"ipc://{d}/stats"
-        self.p = subprocess.Popen(
-            [binary, "--route-bind", self.route, "--health-bind", f"ipc://{d}/health", "--stats-bind", self.stats,
-             "--metrics-bind", "127.0.0.1:0", "--dp-size", "8", "--policy", "least_load"],
-            env={**os.environ, "RUST_LOG": "error"},
-        )
-        self.pubs = [StatsPublisher(self.stats, r, bind=False, boot=1) for r in range(8)]
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._publish, daemon=True)
-        self.thread.start()
-        s = zmq.Context.instance().socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(self.route)
-        end = time.monotonic() + 10
-        while True:  # until every rank is up
-            s.send(msgpack.packb({"v": 1, "op": "state"}))
-            if s.poll(1000) and all(r["status"] == "up" for r in msgpack.unpackb(s.recv())["ranks"]):
-                break
-            assert time.monotonic() < end, "dpcoord's ranks did not come up"
-            time.sleep(0.05)
-        s.close()
-
-    def _publish(self):
-        while not self.done.wait(0.05):
-            for pub in self.pubs:
-                pub.publish(waiting=0, running=0, received=0, finished=0, failed=0)
-
-    def stop(self):
-        self.p.kill()
-        self.p.wait()
-        self.done.set()
-        self.thread.join()
-        for pub in self.pubs:
-            pub.close()
 
 
 def trial(route: str, burst: int) -> tuple[Counter, Counter]:
@@ -108,7 +62,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--burst", type=int, default=64)
     args = ap.parse_args()
-    d = Daemon(args.binary)
+    d = Daemon(args.binary, f"tcp://127.0.0.1:{free_port()}")
     try:
         totals = [Counter(), Counter()]
         all_placed = [0, 0]

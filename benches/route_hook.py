@@ -21,13 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -47,50 +42,8 @@ import vllm.v1.engine.async_llm  # noqa: E402,F401 - the modules the hook wraps
 import vllm_engine  # noqa: E402
 
 from dpcoord import vllm_route  # noqa: E402
-from dpcoord.publisher import StatsPublisher  # noqa: E402
+from bench_daemon import Daemon  # noqa: E402
 from dpcoord.route_link import RouteLink  # noqa: E402
-
-
-class Daemon:
-    def __init__(self, binary: str):
-        d = tempfile.mkdtemp()
-        self.route, self.stats = f"ipc://{d}/route", f"ipc://{d}/stats"
-        self.p = subprocess.Popen(
-            [binary, "--route-bind", self.route, "--health-bind", f"ipc://{d}/health", "--stats-bind", self.stats,
-             "--metrics-bind", "127.0.0.1:0", "--dp-size", "8", "--policy", "least_load"],
-            env={**os.environ, "RUST_LOG": "error"},
-        )
-        atexit.register(self.p.kill)  # a run that fails midway leaves no daemon behind
-        pubs = [StatsPublisher(self.stats, r, bind=False, boot=1) for r in range(8)]
-        s = zmq.Context.instance().socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(self.route)
-        end = time.monotonic() + 10
-        while True:  # until every rank is up
-            for pub in pubs:
-                pub.publish(waiting=0, running=0, received=0, finished=0, failed=0)
-            s.send(msgpack.packb({"v": 1, "op": "state"}))
-            if s.poll(1000) and all(r["status"] == "up" for r in msgpack.unpackb(s.recv())["ranks"]):
-                break
-            assert time.monotonic() < end, "dpcoord's ranks did not come up"
-            time.sleep(0.05)
-        s.close()
-        self.pubs, self.done = pubs, threading.Event()
-        self.thread = threading.Thread(target=self._publish, daemon=True)  # the ranks stay up
-        self.thread.start()
-
-    def _publish(self):
-        while not self.done.wait(0.05):
-            for pub in self.pubs:
-                pub.publish(waiting=0, running=0, received=0, finished=0, failed=0)
-
-    def stop(self):
-        self.p.kill()
-        self.p.wait()
-        self.done.set()
-        self.thread.join()
-        for pub in self.pubs:
-            pub.close()
 
 
 def hook_for(settings: vllm_route.RouteSettings) -> vllm_route.Hook:

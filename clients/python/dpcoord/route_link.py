@@ -65,6 +65,21 @@ LATE_KEPT_S = 10.0
 _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
 
 
+def dealer(endpoint: str, context: zmq.Context | None = None) -> zmq.Socket:
+    """A DEALER connected to dpcoord's route socket at ``endpoint`` for a caller that
+    must never wait on it: no linger, nothing queued while there is no connection
+    (``ZMQ_IMMEDIATE``), at most ``SEND_HWM`` queued while dpcoord is silent."""
+    sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
+    for opt, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.SNDHWM, SEND_HWM), (zmq.RECONNECT_IVL_MAX, 1000)):
+        sock.setsockopt(opt, value)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError:
+        sock.close(0)
+        raise
+    return sock
+
+
 class RouteLink:
     """One DEALER connected to ``endpoint``, owned by the running event loop."""
 
@@ -85,14 +100,7 @@ class RouteLink:
         self.loop: asyncio.AbstractEventLoop | None = None
         #: the process that made the socket (a forked child must not use it)
         self.pid = os.getpid()
-        self.sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
-        for opt, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.SNDHWM, SEND_HWM), (zmq.RECONNECT_IVL_MAX, 1000)):
-            self.sock.setsockopt(opt, value)
-        try:
-            self.sock.connect(endpoint)
-        except zmq.ZMQError:
-            self.sock.close(0)
-            raise
+        self.sock = dealer(endpoint, context)
         #: query id -> (future, deadline on the loop's clock), in the order sent: the
         #: first has the earliest deadline (one timeout for all)
         self.waiting: dict[int, tuple[asyncio.Future, float]] = {}

@@ -65,6 +65,7 @@ import zmq
 
 from . import _core, prefix
 from ._after_import import after_import
+from .route_link import dealer
 
 log = logging.getLogger("dpcoord.sglang")
 
@@ -104,8 +105,6 @@ MAX_PROMPT_TOKENS = 262_144
 MAX_QUERY_BYTES = 65_536
 #: how often a link that stopped waiting pings dpcoord
 PROBE_EVERY_S = 0.1
-#: queries queued towards a connected but silent dpcoord before sends fail (``unreachable``)
-SEND_HWM = 1000
 
 
 @dataclass(frozen=True)
@@ -342,14 +341,7 @@ class SyncRouteLink:
 
     def __init__(self, endpoint: str, timeout_s: float, context: zmq.Context | None = None):
         self.endpoint, self.timeout_s = endpoint, timeout_s
-        self.sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
-        for opt, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.SNDHWM, SEND_HWM), (zmq.RECONNECT_IVL_MAX, 1000)):
-            self.sock.setsockopt(opt, value)
-        try:
-            self.sock.connect(endpoint)
-        except zmq.ZMQError:
-            self.sock.close(0)
-            raise
+        self.sock = dealer(endpoint, context)
         self.born = time.monotonic()
         self.connected = False
         #: waiting for a ping's answer before asking again
