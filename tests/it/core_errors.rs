@@ -246,11 +246,14 @@ fn a_payload_of_exactly_max_message_bytes_is_served_and_one_byte_more_is_too_lar
     assert_eq!(at_limit.len(), 65_536);
     let c = d.client();
     let instance = d.state()["instance"].clone();
-    assert_eq!(c.call_raw(&at_limit), json!({"v": 1, "ok": true, "id": "edge", "epoch": 0, "instance": instance}));
+    assert_eq!(
+        c.call_raw(&at_limit),
+        json!({"v": 1, "ok": true, "id": "edge", "epoch": 0, "instance": instance, "block_size": 16})
+    );
     let over = ping(65_537 - overhead);
     assert_eq!(over.len(), 65_537);
     assert_eq!(c.call_raw(&over)["error"]["code"], json!("too_large"));
-    let pong = json!({"v": 1, "ok": true, "id": "edge", "epoch": 0, "instance": instance});
+    let pong = json!({"v": 1, "ok": true, "id": "edge", "epoch": 0, "instance": instance, "block_size": 16});
     assert_eq!(d.health_client().call_raw(&at_limit), pong);
 }
 

@@ -121,7 +121,10 @@ fn req_and_dealer_peers_with_the_empty_delimiter_get_answers_on_both_sockets() {
     let replies = dealer_replies(&d.health, queries);
     assert_eq!(replies[0], json!({"v": 1, "ok": true, "id": "a", "rank": 0, "epoch": 4}));
     assert_eq!(replies[1], json!({"v": 1, "ok": true, "id": "b"}));
-    assert_eq!(replies[2], json!({"v": 1, "ok": true, "id": "c", "epoch": 4, "instance": d.state()["instance"]}));
+    assert_eq!(
+        replies[2],
+        json!({"v": 1, "ok": true, "id": "c", "epoch": 4, "instance": d.state()["instance"], "block_size": 16})
+    );
     let r = d.health_client().call(json!({"v": 1, "op": "health_route", "id": 5}));
     assert_eq!(r, json!({"v": 1, "ok": true, "id": 5, "rank": 1, "epoch": 4}));
 }
@@ -132,7 +135,10 @@ fn ping_and_state_are_served_on_both_sockets_and_unknown_keys_are_ignored() {
     let (c, h) = (d.client(), d.health_client());
     for client in [&c, &h] {
         let r = client.call(json!({"v": 1, "op": "ping", "id": -7, "future": {"x": [1, 2]}}));
-        assert_eq!(r, json!({"v": 1, "ok": true, "id": -7, "epoch": 2, "instance": d.state()["instance"]}));
+        assert_eq!(
+            r,
+            json!({"v": 1, "ok": true, "id": -7, "epoch": 2, "instance": d.state()["instance"], "block_size": 16})
+        );
         let s = client.call(json!({"v": 1, "op": "state", "id": "s"}));
         assert_eq!((&s["v"], &s["ok"], &s["id"], &s["epoch"]), (&json!(1), &json!(true), &json!("s"), &json!(2)));
         let entries = s["ranks"].as_array().unwrap();

@@ -55,7 +55,8 @@ fn a_configured_max_message_bytes_is_enforced_on_route_health_and_stats() {
     let seq = d.bring_up(&p, &[0]);
     let ping = [("v", M::from(1)), ("op", M::from("ping")), ("id", M::from("edge"))];
     for c in [d.client(), d.health_client()] {
-        let pong = json!({"v": 1, "ok": true, "id": "edge", "epoch": 1, "instance": d.state()["instance"]});
+        let pong =
+            json!({"v": 1, "ok": true, "id": "edge", "epoch": 1, "instance": d.state()["instance"], "block_size": 16});
         assert_eq!(c.call_raw(&padded(&ping, LIMIT)), pong);
         let r = c.call_raw(&padded(&ping, LIMIT + 1));
         assert_eq!((&r["error"]["code"], &r["id"]), (&json!("too_large"), &json!("edge")), "{r}");
