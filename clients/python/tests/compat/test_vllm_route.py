@@ -175,16 +175,20 @@ def test_requests_flow_on_vllms_rule_while_dpcoord_is_down_and_come_back(real, h
 # -- prefix-aware through vLLM's request path ---------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "engine_block, dcp",
-    [(16, 1), (64, 1), (16, 2)],
-    ids=["engines at 16", "engines at 64", "engines at 16 x dcp 2"],
-)
-def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, engines, monkeypatch, engine_block, dcp):
+ENGINES = {
+    "engines at 16": (16, lambda real, ve: ve.make_kv_cache_manager(real, 16)),
+    "engines at 64": (64, lambda real, ve: ve.make_kv_cache_manager(real, 64)),
+    "engines at 16 x dcp 2": (32, lambda real, ve: ve.make_kv_cache_manager(real, 16, dcp=2)),
+    "hybrid, two groups of 32": (32, lambda real, ve: ve.make_hybrid_kv_cache_manager(real, 32, sliding_window=64)),
+}
+
+
+@pytest.mark.parametrize("engines_kind", list(ENGINES))
+def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, engines, monkeypatch, engines_kind):
     """The API server's ``cache_config.block_size`` is 16; the engines' KV events come
-    in blocks of ``engine_block * dcp`` (vLLM 0.34's default block is 64; decode-context
-    parallelism multiplies it). The hook keys prompts in dpcoord's size, so every
-    request goes to the rank holding its prefix."""
+    in their own blocks: vLLM 0.34's default block is 64, decode-context parallelism
+    multiplies it, a hybrid model publishes each of its KV cache groups. The hook keys
+    prompts in dpcoord's size, so every request goes to the rank holding its prefix."""
     import vllm_engine
     from test_kv_events import free_ports
 
@@ -205,14 +209,13 @@ def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, 
     try:
         rng = random.Random(7)
         held = {r: [rng.randrange(1, 150_000) for _ in range(256)] for r in (2, 1)}
-        size = engine_block * dcp
+        size, manager_for = ENGINES[engines_kind]
 
         def holds(rank: int) -> bool:
             # A fresh engine prefills the prompt and publishes its blocks, until dpcoord's
             # subscription is wired and has them (PUB drops what it sends before).
-            manager = vllm_engine.make_kv_cache_manager(real, engine_block, dcp=dcp)
-            events = vllm_engine.kv_events_for_prompt(real, held[rank] + [rank], manager=manager)
-            assert {e.block_size for e in events} == {size}
+            events = vllm_engine.kv_events_for_prompt(real, held[rank] + [rank], manager=manager_for(real, vllm_engine))
+            assert events[0].block_size == size
             publishers[rank].publish(events_mod.KVEventBatch(ts=time.time(), events=events, data_parallel_rank=rank))
             reply = d.call("health", {"v": 1, "op": "prefix", "tokens": held[rank]})
             return reply.get("matched", [0] * 4)[rank] == 256 // size

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import importlib
 import itertools
+import math
 import time
 import weakref
 import zlib
@@ -225,32 +226,40 @@ def make_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 
 
 
 def make_hybrid_kv_cache_manager(real_modules, block_size: int = 16, num_blocks: int = 64,
-                                 sliding_window: int = 16, max_model_len: int = 8192):
+                                 sliding_window: int = 16, max_model_len: int = 8192,
+                                 window_block_size: int | None = None):
     """A real ``KVCacheManager`` as the scheduler builds it for a hybrid model (Gemma-3
     style): KV cache group 0 full attention, group 1 sliding window of ``sliding_window``
     tokens, one ``BlockPool`` of ``num_blocks`` shared by both (vLLM's own
     ``KVCacheConfig``, ``KVCacheGroupSpec``, ``FullAttentionSpec``, ``SlidingWindowSpec``,
     so ``HybridKVCacheCoordinator`` runs); prefix caching and KV events on, the engine's
-    request block hasher (sha256) in ``manager.block_hasher``."""
+    request block hasher (sha256) in ``manager.block_hasher``. Group 1's blocks are of
+    ``window_block_size`` tokens (default ``block_size``); the hash block size is then
+    the GCD of the two and the scheduler's the LCM (``resolve_kv_cache_block_sizes``)."""
     kvi = _mod("vllm.v1.kv_cache_interface")
     utils = _mod("vllm.v1.core.kv_cache_utils")
     hash_fn = _mod("vllm.utils.hashing").get_hash_fn_by_name(HASH_ALGO)
     utils.init_none_hash(hash_fn)
-    shape = dict(block_size=block_size, num_kv_heads=8, head_size=128, dtype=_mod("torch").float16)
+    window_block_size = window_block_size or block_size
+
+    def shape(size: int) -> dict:
+        return dict(block_size=size, num_kv_heads=8, head_size=128, dtype=_mod("torch").float16)
+
     config = kvi.KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[],
         kv_cache_groups=[
-            kvi.KVCacheGroupSpec(["model.layers.0.self_attn.attn"], kvi.FullAttentionSpec(**shape)),
+            kvi.KVCacheGroupSpec(["model.layers.0.self_attn.attn"], kvi.FullAttentionSpec(**shape(block_size))),
             kvi.KVCacheGroupSpec(["model.layers.1.self_attn.attn"],
-                                 kvi.SlidingWindowSpec(sliding_window=sliding_window, **shape)),
+                                 kvi.SlidingWindowSpec(sliding_window=sliding_window, **shape(window_block_size))),
         ],
     )
+    hash_size = math.gcd(block_size, window_block_size)
     manager = _mod("vllm.v1.core.kv_cache_manager").KVCacheManager(
-        config, max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
-        enable_caching=True, enable_kv_cache_events=True,
+        config, max_model_len=max_model_len, scheduler_block_size=math.lcm(block_size, window_block_size),
+        hash_block_size=hash_size, enable_caching=True, enable_kv_cache_events=True,
     )
     assert type(manager.coordinator).__name__ == "HybridKVCacheCoordinator"
-    manager.block_hasher = utils.get_request_block_hasher(block_size, hash_fn)
+    manager.block_hasher = utils.get_request_block_hasher(hash_size, hash_fn)
     return manager
 
 
