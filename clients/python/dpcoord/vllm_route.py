@@ -17,7 +17,10 @@ window; :data:`SEAMS` names them), it wraps:
   vLLM's own method as the request's ``data_parallel_rank`` for that one call, so
   vLLM's bookkeeping (in-flight counts, abort routing) runs unchanged, and the
   request the engine receives is the one vLLM built. With no answer, vLLM's own
-  rule picks. Requests vLLM pins (``data_parallel_rank``, i.e. the
+  rule picks. On a node of a multi-node deployment (``--data-parallel-hybrid-lb``:
+  the client manages its node's engines only) the query's ``among`` names the
+  node's global ranks, and dpcoord's global rank is handed to vLLM as the index of
+  that engine among the node's. Requests vLLM pins (``data_parallel_rank``, i.e. the
   ``X-data-parallel-rank`` header; a streaming-input session's later chunks;
   late-interaction pooling) are never sent to dpcoord;
 * ``DPAsyncMPClient.get_core_engine_for_request`` (``--data-parallel-external-lb``:
@@ -217,7 +220,7 @@ class Hook:
         self.late_interaction = late_interaction
         self.counts: Counter[str] = Counter()
         self.links: dict[asyncio.AbstractEventLoop, RouteLink | None] = {}
-        #: request id -> dpcoord's rank, from its answer until vLLM's method takes it
+        #: request id -> the index of the engine dpcoord chose, from its answer until vLLM's method takes it
         self.chosen: dict[str, int] = {}
         #: request id -> rank, for the requests this API server sent and has not seen end
         self.placed: dict[str, int] = {}
@@ -248,8 +251,9 @@ class Hook:
         )
 
     async def ask(self, client: Any, request: Any) -> int | None:
-        """dpcoord's rank for ``request``, or None (vLLM's rule); ``_SKIP`` if vLLM
-        aborted the request while dpcoord was answering."""
+        """The engine dpcoord chose for ``request``, as vLLM's ``data_parallel_rank``
+        (the index of one of this client's engines), or None (vLLM's rule); ``_SKIP``
+        if vLLM aborted the request while dpcoord was answering."""
         rid = request.request_id
         self.routing.add(rid)
         link = None
@@ -272,13 +276,14 @@ class Hook:
             if rank is not None:
                 self.withdraw(link, rank)
             return _SKIP
-        if rank is not None and rank >= len(client.core_engines):
+        local = None if rank is None else local_index(client, rank)
+        if rank is not None and local is None:
             self.withdraw(link, rank)
             rank, reason = None, "out_of_range"
         if rank is not None and predicted is not None:
             self.predicted[rid] = (rank, predicted)
         self.count(reason or "dpcoord")
-        return rank
+        return local
 
     def sent(self, request: Any, engine: bytes) -> None:
         """vLLM sends ``request`` to ``engine`` (a ZeroMQ identity: the global DP rank,
@@ -294,6 +299,9 @@ class Hook:
     def query(self, client: Any, request: Any, link: RouteLink) -> dict[str, Any]:
         tokens = request.prompt_token_ids
         query: dict[str, Any] = {"v": _core.VERSION, "op": "route", "id": request.request_id}
+        if _local_engines_only(client):
+            # A node of a multi-node deployment (hybrid LB): only this node's engines.
+            query["among"] = list(client.engine_ranks_managed)
         if tokens is None:
             return query
         query["prompt_tokens"] = len(tokens)
@@ -367,6 +375,22 @@ class Hook:
             what = ", ".join(f"{n} {k}" for k, n in sorted(self.unlogged.items()))
             self.unlogged.clear()
             log.warning("dpcoord: requests placed by vLLM's own rule since the last report: %s (%s)", what, self.settings.endpoint)
+
+
+def local_index(client: Any, rank: int) -> int | None:
+    """The index among ``client``'s engines (vLLM's ``data_parallel_rank`` for it) of
+    global DP rank ``rank``; None if this client has no engine of that rank."""
+    try:
+        return client.engine_ranks_managed.index(rank)
+    except ValueError:
+        return None
+
+
+def _local_engines_only(client: Any) -> bool:
+    """Whether ``client`` manages only its node's engines (vLLM's hybrid or external
+    load balancing), not every rank of the deployment."""
+    parallel = getattr(getattr(client, "vllm_config", None), "parallel_config", None)
+    return bool(getattr(parallel, "local_engines_only", False))
 
 
 def _wrap(methods: dict[str, Any]) -> None:

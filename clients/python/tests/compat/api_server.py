@@ -3,11 +3,13 @@
 with dpcoord's hook installed by vLLM's own ``load_general_plugins()``, and, when
 ``DPCOORD_STATS_ENDPOINT`` is set, vLLM's real stat-logger adapter with dpcoord's plugin.
 
-``python api_server.py SERVERS INDEX DP_SIZE REQUESTS``, then commands on stdin, one per
-line, each answered with one JSON line on stdout:
+``python api_server.py SERVERS INDEX DP_SIZE REQUESTS [FIRST:COUNT]``, then commands on
+stdin, one per line, each answered with one JSON line on stdout. With ``FIRST:COUNT``
+the server is one of ``SERVERS`` on a node of a hybrid-LB deployment
+(``--data-parallel-hybrid-lb``) whose engines are global ranks ``FIRST..FIRST+COUNT``:
 
-- ``idle``: the engines' stats say all ``DP_SIZE`` are idle (as API server 0 receives
-  them) -> ``{}``
+- ``idle``: the engines' stats say this server's engines are idle (as API server 0
+  receives them) -> ``{}``
 - ``go``: adds ``REQUESTS`` requests at once -> ``{"ranks": [the engine of each],
   "outcomes": {how the hook placed them, counted since the process started}}``
 - ``finish``: every request this server sent finishes (STOP), reported as vLLM
@@ -37,6 +39,8 @@ from vllm.v1.metrics import loggers, stats  # noqa: E402
 
 def main() -> None:
     servers, index, dp, requests = (int(a) for a in sys.argv[1:5])
+    node = [int(x) for x in sys.argv[5].split(":")] if len(sys.argv) > 5 else None
+    ranks = list(range(node[0], node[0] + node[1])) if node else list(range(dp))
     load_general_plugins()  # before vLLM's client modules are imported, as in `vllm serve`
     from dpcoord import vllm_route
 
@@ -44,20 +48,20 @@ def main() -> None:
     import vllm.v1.engine.async_llm  # noqa: F401 - what an API server imports: the hook goes in now
 
     assert vllm_route.HOOK is not None, "the hook was not installed"
-    client = vllm_engine.make_dplb_client(None, dp, client_count=servers, client_index=index)
-    client.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=16))
+    client = vllm_engine.make_dplb_client(None, dp, client_count=servers, client_index=index,
+                                          node_ranks=ranks if node else None)
     adapter = None
     factories = loggers.load_stat_logger_plugin_factories()
     if factories:
         config = SimpleNamespace(parallel_config=SimpleNamespace(_api_process_count=servers))
-        adapter = loggers.PerEngineStatLoggerAdapter(config, list(range(dp)), per_engine_stat_logger_factory=factories[0])
+        adapter = loggers.PerEngineStatLoggerAdapter(config, ranks, per_engine_stat_logger_factory=factories[0])
         adapter.log_engine_initialized()
     loop = asyncio.new_event_loop()
     for line in sys.stdin:
         command = line.strip()
         answer: dict = {}
         if command == "idle":
-            for engine in range(dp):
+            for engine in ranks:
                 adapter.record(stats.SchedulerStats(), None, engine_idx=engine)
         elif command == "go":
             reqs = [vllm_engine.make_request(None, f"s{index}-{uuid.uuid4().hex}", [index, i]) for i in range(requests)]

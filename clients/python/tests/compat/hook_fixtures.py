@@ -8,7 +8,6 @@ import asyncio
 import importlib
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -81,9 +80,7 @@ def hook(real, vllm_modules, monkeypatch, tmp_path):
 def client_for(real, dp: int, **kw):
     import vllm_engine
 
-    client = vllm_engine.make_dplb_client(real, dp, **kw)
-    client.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=16))
-    return client
+    return vllm_engine.make_dplb_client(real, dp, **kw)
 
 
 def add(real, client, *requests) -> list[int]:

@@ -147,14 +147,19 @@ def test_an_answer_after_the_deadline_is_withdrawn_at_once(real, hook, start_dae
 
 
 class ApiServers:
-    """``n`` API-server processes (api_server.py), each with ``requests`` requests."""
+    """``n`` API-server processes (api_server.py), each with ``requests`` requests; with
+    ``nodes``, ``n`` on each node of a hybrid-LB deployment, node ``k`` holding global
+    ranks ``nodes[k]`` (``(first, count)``)."""
 
-    def __init__(self, n: int, dp: int, requests: int, env: dict[str, str]):
+    def __init__(self, n: int, dp: int, requests: int, env: dict[str, str],
+                 nodes: list[tuple[int, int]] | None = None):
+        node_args = [[f"{first}:{count}"] for first, count in nodes] if nodes else [[]]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, str(HERE / "api_server.py"), str(n), str(i), str(dp), str(requests)],
+                [sys.executable, str(HERE / "api_server.py"), str(n), str(i), str(dp), str(requests), *node],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env},
             )
+            for node in node_args
             for i in range(n)
         ]
 
@@ -206,6 +211,36 @@ def test_pending_settles_to_zero_when_the_books_agree(start_daemon, real, tmp_pa
             lambda: [(r["counts"], r["routed"], r["pending"]) for r in d.state()["ranks"]] == expected,
         )
         assert sum(placed.values()) == 64
+    finally:
+        servers.close()
+
+
+def test_two_nodes_of_two_api_servers_keep_the_books_exact(start_daemon, real, tmp_path):
+    """A 2-node hybrid-LB deployment (``--data-parallel-size 8 --data-parallel-size-local 4
+    --data-parallel-hybrid-lb``): each node's two API servers reach only that node's 4
+    engines. Every request goes to a rank of its node, and dpcoord's books per global
+    rank equal what each engine received; they settle to 0 pending when it finishes."""
+    d = start_daemon("--dp-size", "8", "--policy", "least_load")
+    env = {
+        "DPCOORD_ROUTE_ENDPOINT": d.route, "DPCOORD_ROUTE_TIMEOUT_MS": "2000", "DPCOORD_STATS_ENDPOINT": d.stats,
+        "DPCOORD_STATE_DIR": str(tmp_path / "ledgers"), "DPCOORD_GROUP": uuid.uuid4().hex,
+    }
+    servers = ApiServers(2, 8, 16, env, nodes=[(0, 4), (4, 4)])
+    try:
+        servers.ask("idle", servers=[0, 2])
+        eventually("all 8 ranks up", lambda: d.statuses() == ["up"] * 8)
+        answers = servers.ask("go")
+        assert [set(a["ranks"]) <= set(node) for a, node in zip(answers, [range(4)] * 2 + [range(4, 8)] * 2)] == [True] * 4
+        assert [a["outcomes"] for a in answers] == [{"dpcoord": 16}] * 4
+        received = Counter(r for a in answers for r in a["ranks"])
+        assert [received[r] for r in range(8)] == [8] * 8  # least_load over each node's ranks
+        assert [(r["routed"], r["pending"] + r["counts"][2]) for r in d.state()["ranks"]] == [(8, 8)] * 8
+        servers.ask("finish")
+        expected = [([0, 0, 8, 8, 0], 8, 0)] * 8
+        eventually(
+            "the books agree on both nodes",
+            lambda: [(r["counts"], r["routed"], r["pending"]) for r in d.state()["ranks"]] == expected,
+        )
     finally:
         servers.close()
 

@@ -172,6 +172,27 @@ def test_requests_flow_on_vllms_rule_while_dpcoord_is_down_and_come_back(real, h
     assert sum(x["routed"] for x in d.state()["ranks"]) == 1
 
 
+def test_a_node_of_a_multi_node_deployment_gets_its_own_ranks(real, hook, start_daemon, engines):
+    """Node 1 of 2 (``--data-parallel-hybrid-lb``, global ranks 4-7): node 0's idle ranks
+    are not this API server's to choose; dpcoord picks the least loaded of ranks 4-7
+    (rank 6), vLLM gets it as its engine index 2, and the books are on rank 6. A pin
+    keeps vLLM's meaning in that mode: an index among the node's engines."""
+    import vllm_engine
+
+    d = start_daemon("--dp-size", "8", "--policy", "least_load")
+    e = bring_up(d, engines, list(range(8)))
+    for r, waiting in ((4, 9), (5, 9), (6, 1), (7, 9)):
+        e.set(r, waiting=waiting)
+    eventually("node 1 loaded", lambda: [r["counts"][0] for r in d.state()["ranks"]] == [0] * 4 + [9, 9, 1, 9])
+    h = hook(DPCOORD_ROUTE_ENDPOINT=d.route, DPCOORD_ROUTE_TIMEOUT_MS="2000")
+    client = vllm_engine.make_dplb_client(real, 8, node_ranks=[4, 5, 6, 7])
+    assert add(real, client, request(real)) == [6]
+    assert add(real, client, request(real, data_parallel_rank=1)) == [5]  # X-data-parallel-rank: 1
+    assert [x["routed"] for x in d.state()["ranks"]] == [0] * 6 + [1, 0]
+    assert h.placed == {rid: rank for rid, rank in zip(client.reqs_in_flight, [6, 5])}
+    assert h.counts == Counter(dpcoord=1, pinned=1)
+
+
 # -- prefix-aware through vLLM's request path ---------------------------------------------
 
 

@@ -82,18 +82,27 @@ class _Started:
         return False
 
 
-def make_dplb_client(real_modules, dp_size: int, client_count: int = 1, client_index: int = 0):
+def make_dplb_client(real_modules, dp_size: int, client_count: int = 1, client_index: int = 0,
+                     node_ranks: list[int] | None = None):
     """A real ``DPLBAsyncMPClient`` for ``dp_size`` engines, its ``__init__`` (which starts
     engines and sockets) skipped: the attributes are the ones ``__init__`` sets for an
     internal-LB front end, with no load reported yet (``lb_engines`` all ``[0, 0, 0.0]``;
-    a test may set them as the coordinator's stats would)."""
-    assert dp_size > 1, "DPLBAsyncMPClient asserts more than one engine"
-    client = _bare_client("DPLBAsyncMPClient", list(range(dp_size)), client_count, client_index)
+    a test may set them as the coordinator's stats would). With ``node_ranks``, the
+    client of one node of a hybrid-LB deployment (``--data-parallel-hybrid-lb``): it
+    manages that node's engines only, global ranks ``node_ranks`` in order, and its
+    ``vllm_config.parallel_config`` says so (``local_engines_only``)."""
+    ranks = list(range(dp_size)) if node_ranks is None else list(node_ranks)
+    assert len(ranks) > 1, "DPLBAsyncMPClient asserts more than one engine"
+    client = _bare_client("DPLBAsyncMPClient", ranks, client_count, client_index)
+    client.vllm_config = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=16),
+        parallel_config=SimpleNamespace(data_parallel_size=dp_size, local_engines_only=node_ranks is not None),
+    )
     client.lb_engines = [[0, 0, 0.0] for _ in client.core_engines]
     client.reqs_in_flight = {}
     client.streaming_reqs = set()
     client.engine_inflight = collections.Counter()
-    client.eng_start_index = (dp_size * client_index) // client_count
+    client.eng_start_index = (len(ranks) * client_index) // client_count
     return client
 
 
