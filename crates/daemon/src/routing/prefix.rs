@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::kv::KvStreams;
 use crate::config::{PrefixMode, Settings};
-use crate::engines::prefix::{keys, ApproxIndex};
+use crate::engines::prefix::{keys, ApproxIndex, Scratch, MAX_SIZES};
 use crate::wire::{PrefixSource, Prompt};
 
 /// The block size used before any KV event taught the engines' own (the
@@ -60,9 +60,10 @@ pub(super) struct PrefixRouting {
     keys: Vec<u64>,
     matched: Vec<u32>,
     approx_matched: Vec<u32>,
-    /// Keys and matches in a block size other than the first.
-    other_keys: Vec<u64>,
-    other_matched: Vec<u32>,
+    /// Keys in the block sizes other than the first, and the index's
+    /// buffers for a lookup in several sizes or KV cache groups.
+    other_keys: Vec<Vec<u64>>,
+    scratch: Scratch,
     sizes: Vec<u32>,
 }
 
@@ -79,7 +80,7 @@ impl PrefixRouting {
             matched: Vec::new(),
             approx_matched: Vec::new(),
             other_keys: Vec::new(),
-            other_matched: Vec::new(),
+            scratch: Scratch::default(),
             sizes: Vec::new(),
         }
     }
@@ -147,12 +148,14 @@ impl PrefixRouting {
         let index = kv.index();
         if self.mode == PrefixMode::Approximate {
             self.approx.leading(&self.keys, &mut self.matched);
+        } else if index.block_sizes().len() > 1 || index.has_groups() {
+            self.other_sizes(prompt, kv, bs);
         } else {
             index.leading(&self.keys, &mut self.matched);
         }
         self.sizes.clear();
         if index.block_sizes().len() > 1 && self.mode != PrefixMode::Approximate {
-            self.other_sizes(prompt, kv, bs);
+            self.sizes.extend((0..index.dp_size()).map(|r| index.rank_block_size(r).unwrap_or(bs)));
         }
         // Siblings: a placement not yet confirmed by events counts as cached.
         if siblings && self.mode != PrefixMode::Approximate && !self.recent.is_empty() {
@@ -180,24 +183,31 @@ impl PrefixRouting {
         PrefixView { matched: &self.matched, block_size: u64::from(bs), sizes: &self.sizes, prompt_tokens }
     }
 
-    /// Ranks whose own block size is not `bs`: a prompt of tokens is keyed
-    /// again in each other size in use and those ranks take their matches
-    /// from it (block keys, made in one size by the client, match only the
-    /// ranks of that size). `sizes` gets every rank's size.
+    /// The lookup when ranks use several block sizes (their own, or their
+    /// KV cache groups'): a prompt of tokens is keyed again in each other
+    /// size in use (at most [`MAX_SIZES`] in all), and each rank's KV cache
+    /// groups are matched in their own sizes' keys (block keys, made in
+    /// one size by the client, match only the groups of that size).
     fn other_sizes(&mut self, prompt: &Prompt<'_>, kv: &KvStreams, bs: u32) {
         let index = kv.index();
-        self.sizes.extend((0..index.dp_size()).map(|r| index.rank_block_size(r).unwrap_or(bs)));
-        let Prompt::Tokens { tokens, lora, salt } = *prompt else { return };
-        for &size in index.block_sizes().iter().filter(|&&s| s != bs) {
-            self.other_keys.clear();
-            keys::chain_keys(keys::chain_seed(lora, salt), tokens, size as usize, &mut self.other_keys);
-            index.leading(&self.other_keys, &mut self.other_matched);
-            for (r, m) in self.matched.iter_mut().enumerate() {
-                if self.sizes[r] == size {
-                    *m = self.other_matched[r];
+        let mut n = 0;
+        if let Prompt::Tokens { tokens, lora, salt } = *prompt {
+            for &size in index.block_sizes().iter().filter(|&&s| s != bs).take(MAX_SIZES - 1) {
+                if self.other_keys.len() == n {
+                    self.other_keys.push(Vec::new());
                 }
+                let keys = &mut self.other_keys[n];
+                keys.clear();
+                keys::chain_keys(keys::chain_seed(lora, salt), tokens, size as usize, keys);
+                n += 1;
             }
         }
+        let sizes = index.block_sizes().iter().filter(|&&s| s != bs);
+        let mut keyed: [(u32, &[u64]); MAX_SIZES] = [(bs, &self.keys[..]); MAX_SIZES];
+        for (slot, (&size, keys)) in keyed[1..].iter_mut().zip(sizes.zip(&self.other_keys[..n])) {
+            *slot = (size, &keys[..]);
+        }
+        index.leading_in(&keyed[..=n], &mut self.matched, &mut self.scratch);
     }
 
     pub fn mode(&self) -> PrefixMode {

@@ -8,6 +8,7 @@
 //! slice over its cap.
 
 use super::blocks::GpuKeys;
+use super::sizes::Shape;
 use super::{groups, keys, Applied, PrefixIndex, MAX_GROUP};
 use crate::engines::kv::{KvEvent, Medium, Stored};
 
@@ -23,6 +24,11 @@ pub struct Progress {
     chain: u64,
     /// `BlockStored`: the first block held as unmatchable (its length when none).
     cut: usize,
+    /// `BlockStored`: its group's block size and which of the event's
+    /// blocks its hashes are (a sparse group's skip some), and whether the
+    /// group is learned from it once a block is indexed.
+    shape: Option<Shape>,
+    learns: bool,
     /// `BlockRemoved`: a hash of the event so far was not held.
     unknown: bool,
     /// `AllBlocksCleared`: the GPU keys whose holder bits are still to go.
@@ -112,45 +118,114 @@ impl PrefixIndex {
         (used, true)
     }
 
+    /// What a `BlockStored` is, before its first block: `Err` counts it
+    /// (and it is passed over), `Ok` sets `at` to index it.
+    fn start_store(&self, rank: u32, st: &Stored, at: &mut Progress) -> Result<(), fn(&mut Applied) -> &mut u64> {
+        let known = (st.group <= MAX_GROUP).then(|| self.sizes.group(rank, st.group)).flatten();
+        let bs = known.map_or(st.block_size, |s| s.size);
+        let (k, tokens) = (st.hashes.len(), st.tokens.len());
+        // vLLM's partial block (a hybrid model's group whose blocks are
+        // larger than the hash block: a prompt ending inside a block makes
+        // the hash unit it ends on a cache entry of its own): held, so its
+        // removal is understood, never matched (a prefix of part of a block).
+        let partial = st.block_size < bs && bs % st.block_size == 0 && k == 1 && tokens == st.block_size as usize;
+        if partial {
+            at.shape = Some(Shape::dense(st.group, st.block_size));
+            (at.cut, at.learns, at.chain) = (0, false, keys::UNMATCHABLE);
+            return Ok(());
+        }
+        let per_block = bs as usize;
+        if st.block_size != bs || per_block == 0 || tokens % per_block != 0 || tokens / per_block < k {
+            return Err(|a| &mut a.bad_event);
+        }
+        let slots = tokens / per_block;
+        let mut shape = known.unwrap_or(Shape::dense(st.group, bs));
+        let mut sparse_unknown = false;
+        if slots > k {
+            // A sparse group's store (its tokens cover blocks it did not
+            // keep), once the rank's groups are of different sizes.
+            if k == 0 || self.sizes.lcm_with(rank, bs) <= u64::from(bs) {
+                return Err(|a| &mut a.bad_event);
+            }
+            match self.sparse_shape(rank, st, slots).filter(|s| !shape.sparse() || *s == shape) {
+                Some(s) => shape = s,
+                None => sparse_unknown = true,
+            }
+        }
+        at.shape = Some(shape);
+        at.learns = st.group <= MAX_GROUP;
+        if sparse_unknown {
+            // Which blocks the hashes are is unknown: held, never matched.
+            (at.cut, at.chain) = (0, keys::UNMATCHABLE);
+            return Ok(());
+        }
+        at.chain = match st.parent {
+            None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
+            Some(p) => match self.ranks[rank as usize].key_of(st.medium, groups::hash(p, st.group)) {
+                Some(k) => groups::unkey(k, st.group),
+                None => return Err(|a| &mut a.unknown_parent),
+            },
+        };
+        // A block continuing an unmatchable one is unmatchable too, and
+        // so is every block of a group the index does not represent.
+        at.cut = match st.unmatchable {
+            _ if at.chain == keys::UNMATCHABLE || st.group > MAX_GROUP => 0,
+            Some((first, _)) => first.min(k),
+            None => k,
+        };
+        Ok(())
+    }
+
+    /// The shape of a group whose store of `slots` blocks names fewer
+    /// hashes: vLLM's sliding window beside groups of larger blocks keeps,
+    /// of each run of `per` blocks (the groups' sizes' LCM), the last
+    /// `need` (`SlidingWindowManager.reachable_block_mask`), the others
+    /// never stored. Known only for a chain's first store (its blocks
+    /// counted from the prompt's first) whose count fits one `need`.
+    fn sparse_shape(&self, rank: u32, st: &Stored, slots: usize) -> Option<Shape> {
+        let size = st.block_size;
+        let lcm = self.sizes.lcm_with(rank, size);
+        let per = (lcm / u64::from(size)) as usize;
+        if st.parent.is_some() || st.hashes.is_empty() || st.group > MAX_GROUP || per < 2 {
+            return None;
+        }
+        let kept = |need: usize| slots / per * need + (slots % per).saturating_sub(per - need);
+        let need = (1..per).find(|&need| kept(need) == st.hashes.len())?;
+        Some(Shape { group: st.group, size, per: per as u32, need: need as u32 })
+    }
+
     fn store_some(&mut self, rank: u32, st: &Stored, at: &mut Progress, budget: usize) -> usize {
-        // Only a store indexed here teaches the rank its block size.
-        let bs = self.sizes.of(rank).unwrap_or(st.block_size);
         if at.block == 0 {
             // Any store of a group, indexed or not, makes the rank's hit the
             // least of its groups': what the group holds bounds it.
             self.groups.publish(rank, st.group);
-            if st.block_size != bs || st.tokens.len() as u64 != st.hashes.len() as u64 * u64::from(bs) {
-                at.applied.bad_event += 1;
+            if let Err(count) = self.start_store(rank, st, at) {
+                *count(&mut at.applied) += 1;
                 at.next_event();
                 return 1;
             }
-            at.chain = match st.parent {
-                None => keys::chain_seed(st.lora.as_deref(), st.salt.as_deref()),
-                Some(p) => match self.ranks[rank as usize].key_of(st.medium, groups::hash(p, st.group)) {
-                    Some(k) => groups::unkey(k, st.group),
-                    None => {
-                        at.applied.unknown_parent += 1;
-                        at.next_event();
-                        return 1;
-                    }
-                },
-            };
-            // A block continuing an unmatchable one is unmatchable too, and
-            // so is every block of a group the index does not represent.
-            at.cut = match st.unmatchable {
-                _ if at.chain == keys::UNMATCHABLE || st.group > MAX_GROUP => 0,
-                Some((first, _)) => first.min(st.hashes.len()),
-                None => st.hashes.len(),
-            };
         }
+        let shape = at.shape.unwrap_or(Shape::dense(st.group, st.block_size));
         // A slice stops one block past the cap, where the sweep starts: the
         // same blocks go however the batch is sliced.
         let room = self.cap.saturating_add(1).saturating_sub(self.ranks[rank as usize].total()).max(1);
         let (from, to) = (at.block, st.hashes.len().min(at.block.saturating_add(budget.min(room))));
-        let bs = bs as usize;
+        let bs = shape.size as usize;
         self.keys.clear();
         let keyed = to.min(at.cut).max(from);
-        keys::chain_keys(at.chain, &st.tokens[from * bs..keyed * bs], bs, &mut self.keys);
+        if keyed > from {
+            // The keys of every block from the one after the last keyed
+            // through the last to key, then those of the blocks kept.
+            let first = if from == 0 { 0 } else { shape.slot(from - 1) + 1 };
+            let last = shape.slot(keyed - 1) + 1;
+            keys::chain_keys(at.chain, &st.tokens[first * bs..last * bs], bs, &mut self.keys);
+            if shape.sparse() {
+                for (i, j) in (from..keyed).enumerate() {
+                    self.keys[i] = self.keys[shape.slot(j) - first];
+                }
+                self.keys.truncate(keyed - from);
+            }
+        }
         self.keys.resize(to - from, keys::UNMATCHABLE);
         let blocks = &mut self.ranks[rank as usize];
         for (&hash, &chain) in st.hashes[from..to].iter().zip(&self.keys) {
@@ -166,8 +241,8 @@ impl PrefixIndex {
             }
         }
         at.applied.blocks_stored += (to - from) as u64;
-        if to > from {
-            self.sizes.learn(rank, bs as u32);
+        if to > from && at.learns {
+            self.sizes.learn(rank, shape);
         }
         at.chain = self.keys.last().copied().unwrap_or(at.chain);
         at.block = to;

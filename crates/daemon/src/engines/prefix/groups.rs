@@ -7,11 +7,11 @@
 //! mixed with the group number ([`hash`], [`key`]), group 0's left as they
 //! are, so an engine with one group costs what it did before groups. A
 //! rank's predicted hit is the least, over the groups it has published, of
-//! the leading blocks that group holds ([`Groups::narrow`]): a lower bound
+//! the leading blocks that group holds, in tokens (`PrefixIndex::leading_in`;
+//! each group in its own block size, `sizes.rs`): a lower bound
 //! of the engine's own hit (a sliding-window group may hit past a block it
 //! dropped; dpcoord stops there), never more than the engine holds.
 
-use super::holders::Holders;
 use super::keys::UNMATCHABLE;
 
 /// The highest group indexed; a store of a higher one is held but never
@@ -19,7 +19,7 @@ use super::keys::UNMATCHABLE;
 /// group holds is unknown).
 pub const MAX_GROUP: u32 = 62;
 /// The bit of a rank's groups that stands for every group above [`MAX_GROUP`].
-const BEYOND: u64 = 1 << (MAX_GROUP + 1);
+pub const BEYOND: u64 = 1 << (MAX_GROUP + 1);
 
 /// Odd constants of the mixing: the group's multiplier and MurmurHash3's
 /// 64-bit finalizer, a bijection of `u64`, so a mixed key gives its chain
@@ -125,37 +125,20 @@ impl Groups {
         self.any = self.published.iter().fold(0, |a, &b| a | b);
     }
 
-    /// Lowers `out` (each rank's leading blocks in group 0, from
-    /// [`Holders::leading`]) to the least over the groups each rank
-    /// published: a rank that never published group 0 takes its other
-    /// groups' least, one that published a group above [`MAX_GROUP`] 0.
-    pub fn narrow(&self, holders: &Holders, keys: &[u64], out: &mut [u32]) {
-        if self.any & !1 == 0 {
-            return;
-        }
-        for (n, &bits) in out.iter_mut().zip(&self.published) {
-            if bits & BEYOND != 0 {
-                *n = 0;
-            } else if bits & 1 == 0 && bits != 0 {
-                *n = u32::MAX;
-            }
-        }
-        let mut rest = self.any & !1 & !BEYOND;
-        while rest != 0 {
-            let group = rest.trailing_zeros();
-            rest &= rest - 1;
-            let dp = out.len() as u32;
-            holders.scan(
-                keys,
-                dp,
-                |k| key(k, group),
-                |rank, n| {
-                    if self.published[rank as usize] & (1 << group) != 0 {
-                        out[rank as usize] = out[rank as usize].min(n);
-                    }
-                },
-            );
-        }
+    /// Rank `rank`'s groups: bit `g` for group `g`, [`BEYOND`] for any
+    /// above [`MAX_GROUP`].
+    pub fn published(&self, rank: u32) -> u64 {
+        self.published.get(rank as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether some rank published a group other than 0.
+    pub fn beyond_zero(&self) -> bool {
+        self.any & !1 != 0
+    }
+
+    /// Every rank's groups together.
+    pub fn any(&self) -> u64 {
+        self.any
     }
 }
 

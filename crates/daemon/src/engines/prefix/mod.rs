@@ -11,7 +11,9 @@
 //!   engine's hash, which a router cannot recompute.
 //!
 //! A hybrid model's KV cache groups share both maps, hashes and keys mixed
-//! with the group (`groups.rs`); group 0's are the plain ones.
+//! with the group (`groups.rs`); group 0's are the plain ones. Each group
+//! has its own block size (`sizes.rs`): a prompt is keyed in each size,
+//! and a rank's hit is the least over its groups in tokens.
 //!
 //! A radix tree over token blocks (SGLang's gateway, Dynamo) would share
 //! prefix nodes, but every node costs a pointer chase on lookup and more
@@ -30,12 +32,24 @@ mod sizes;
 pub use self::apply::Progress;
 pub use self::approx::ApproxIndex;
 use self::blocks::RankBlocks;
-use self::groups::Groups;
 pub use self::groups::MAX_GROUP;
+use self::groups::{Groups, BEYOND};
 use self::holders::Holders;
-use self::sizes::BlockSizes;
 pub use self::sizes::MAX_SIZES;
+use self::sizes::{BlockSizes, Shape};
 use super::kv::{KvEvent, Medium};
+
+/// Buffers a lookup across KV cache groups reuses.
+#[derive(Default)]
+pub struct Scratch {
+    /// Per rank, the least over its groups so far, in tokens.
+    tokens: Vec<u64>,
+    /// A sparse group's keys: the prompt's at the blocks it keeps.
+    keys: Vec<u64>,
+    shapes: Vec<Shape>,
+    /// One size's matches, per rank.
+    matched: Vec<u32>,
+}
 
 /// What one batch did to a rank's index: events by outcome, and blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,8 +69,8 @@ pub struct Applied {
     /// `BlockRemoved` events naming a hash not held (the held ones still go).
     pub unknown_block: u64,
     /// `BlockStored` events with a wrong token count, or a block size other
-    /// than the rank's, or that cannot be keyed (token pairs, a malformed
-    /// `group_idx`).
+    /// than their KV cache group's, or that cannot be keyed (token pairs, a
+    /// malformed `group_idx`).
     pub bad_event: u64,
     /// Blocks indexed (unmatchable ones too) and removed (by events, not the cap).
     pub blocks_stored: u64,
@@ -66,8 +80,9 @@ pub struct Applied {
 }
 
 pub struct PrefixIndex {
-    /// Per rank, learned from the first `BlockStored` indexed on it; every
-    /// later one must match until the rank's engine restarts or is gone.
+    /// Per rank and KV cache group, learned from the first `BlockStored` of
+    /// the group indexed on the rank; every later one must match until the
+    /// rank's engine restarts or is gone.
     sizes: BlockSizes,
     holders: Holders,
     /// The KV cache groups each rank published: its hit is their least.
@@ -91,21 +106,29 @@ impl PrefixIndex {
         }
     }
 
-    /// The block size most ranks use: the one prompts are keyed with
-    /// first. `None` until a rank stored a block.
+    /// The block size most ranks use (their group 0's): the one prompts
+    /// are keyed with first. `None` until a rank stored a block.
     pub fn block_size(&self) -> Option<u32> {
         self.sizes.in_use().first().copied()
     }
 
-    /// Rank `rank`'s own block size; `None` until one of its blocks is
-    /// indexed, and again once it is forgotten ([`PrefixIndex::forget`]).
+    /// Rank `rank`'s own block size (its KV cache group 0's); `None` until
+    /// one of its blocks is indexed, and again once it is forgotten
+    /// ([`PrefixIndex::forget`]).
     pub fn rank_block_size(&self, rank: u32) -> Option<u32> {
         self.sizes.of(rank)
     }
 
-    /// The block sizes ranks use, most ranks first, at most [`MAX_SIZES`].
+    /// The block sizes ranks use, most ranks first (their own sizes first,
+    /// then their other KV cache groups'), at most [`MAX_SIZES`].
     pub fn block_sizes(&self) -> &[u32] {
         self.sizes.in_use()
+    }
+
+    /// Whether some rank published a KV cache group other than 0: a lookup
+    /// takes every group's least ([`PrefixIndex::leading_in`]).
+    pub fn has_groups(&self) -> bool {
+        self.groups.beyond_zero()
     }
 
     pub fn set_cap(&mut self, cap: usize) {
@@ -171,11 +194,121 @@ impl PrefixIndex {
     }
 
     /// For the chain `keys`, how many leading blocks each rank holds on
-    /// GPU in every KV cache group it published (the least of the groups):
-    /// `out[r]`, for every rank (`out` is resized to the rank count).
+    /// GPU in every KV cache group it published (the least of the groups,
+    /// each group's blocks taken in `keys`' size): `out[r]`, for every rank
+    /// (`out` is resized to the rank count).
     pub fn leading(&self, keys: &[u64], out: &mut Vec<u32>) {
-        self.holders.leading(keys, self.ranks.len() as u32, out);
-        self.groups.narrow(&self.holders, keys, out);
+        if self.groups.beyond_zero() {
+            self.leading_groups(|_| Some(keys), out, &mut Scratch::default());
+        } else {
+            self.holders.leading(keys, self.ranks.len() as u32, out);
+        }
+    }
+
+    /// For a prompt keyed in each block size of `keyed` (`(size, keys)`,
+    /// the first the one most ranks use), how many leading blocks of its
+    /// own size each rank holds on GPU in every KV cache group it
+    /// published: `out[r]` (resized to the rank count). Each group is
+    /// matched in its own size's keys; a rank's hit is the least over its
+    /// groups in tokens, rounded down to a multiple of its groups' sizes'
+    /// LCM (the engine's hits are). A rank with a group of a size not in
+    /// `keyed` matches nothing.
+    pub fn leading_in(&self, keyed: &[(u32, &[u64])], out: &mut Vec<u32>, scratch: &mut Scratch) {
+        let dp = self.ranks.len() as u32;
+        let Some(&(_, first)) = keyed.first() else {
+            out.clear();
+            out.resize(dp as usize, 0);
+            return;
+        };
+        if self.groups.beyond_zero() {
+            let find = |size: u32| keyed.iter().find(|k| k.0 == size).map(|k| k.1);
+            return self.leading_groups(find, out, scratch);
+        }
+        // One group per rank: each rank matched in its own size's keys.
+        self.holders.leading(first, dp, out);
+        for &(size, keys) in &keyed[1..] {
+            self.holders.leading(keys, dp, &mut scratch.matched);
+            for (r, m) in out.iter_mut().enumerate() {
+                if self.sizes.of(r as u32) == Some(size) {
+                    *m = scratch.matched[r];
+                }
+            }
+        }
+    }
+
+    /// [`PrefixIndex::leading_in`] once some rank published a group other
+    /// than 0, `keys_of(size)` the prompt's keys in blocks of `size`.
+    fn leading_groups<'k>(
+        &self,
+        keys_of: impl Fn(u32) -> Option<&'k [u64]>,
+        out: &mut Vec<u32>,
+        scratch: &mut Scratch,
+    ) {
+        let dp = self.ranks.len() as u32;
+        let Scratch { tokens, keys: filtered, shapes, .. } = scratch;
+        tokens.clear();
+        tokens.extend((0..dp).map(|r| {
+            let bits = self.groups.published(r);
+            if bits == 0 || bits & BEYOND != 0 {
+                0
+            } else {
+                u64::MAX
+            }
+        }));
+        let mut rest = self.groups.any() & !BEYOND;
+        while rest != 0 {
+            let group = rest.trailing_zeros();
+            rest &= rest - 1;
+            let bit = 1u64 << group;
+            // The group's distinct shapes over the ranks that published it;
+            // a rank that published it but has none of its blocks holds none.
+            shapes.clear();
+            for r in 0..dp {
+                if self.groups.published(r) & bit == 0 || tokens[r as usize] == 0 {
+                    continue;
+                }
+                match self.sizes.group(r, group) {
+                    None => tokens[r as usize] = 0,
+                    Some(s) if !shapes.contains(&s) => shapes.push(s),
+                    Some(_) => {}
+                }
+            }
+            for &shape in shapes.iter() {
+                let of_shape =
+                    |r: u32| self.groups.published(r) & bit != 0 && self.sizes.group(r, group) == Some(shape);
+                let Some(keys) = keys_of(shape.size) else {
+                    (0..dp).filter(|&r| of_shape(r)).for_each(|r| tokens[r as usize] = 0);
+                    continue;
+                };
+                let keys = if shape.sparse() {
+                    filtered.clear();
+                    filtered.extend(keys.iter().enumerate().filter(|&(i, _)| shape.keeps(i)).map(|(_, &k)| k));
+                    &filtered[..]
+                } else {
+                    keys
+                };
+                self.holders.scan(
+                    keys,
+                    dp,
+                    |k| groups::key(k, group),
+                    |r, n| {
+                        if of_shape(r) {
+                            let t = &mut tokens[r as usize];
+                            *t = (*t).min(shape.tokens(n));
+                        }
+                    },
+                );
+            }
+        }
+        out.clear();
+        out.extend(tokens.iter().enumerate().map(|(r, &t)| {
+            let (lcm, size) = (self.sizes.lcm(r as u32), self.sizes.of(r as u32).map_or(0, u64::from));
+            if lcm == 0 || size == 0 || t == u64::MAX {
+                0
+            } else {
+                (t / lcm * lcm / size) as u32
+            }
+        }));
     }
 }
 

@@ -153,7 +153,11 @@ fn the_block_size_is_learned_per_rank_and_only_from_an_applied_store() {
     assert_eq!((ix.rank_block_size(0), ix.rank_block_size(1)), (Some(4), Some(2)));
     assert_eq!(ix.block_sizes(), [4, 2], "one rank each: the lowest rank's first");
     assert_eq!(leading(&ix, &PROMPT), vec![0, 2]);
-    assert_eq!(ix.apply(0, &[stored(&[11], None, &[1, 2])]).bad_event, 1, "rank 0 stays at 4");
+    // A smaller one-block store is vLLM's partial block (a prompt ending
+    // inside a block): held, never matched, and rank 0 stays at 4.
+    let a = ix.apply(0, &[stored(&[11], None, &[1, 2])]);
+    assert_eq!((a.unmatchable, a.bad_event, ix.rank_block_size(0)), (1, 0, Some(4)));
+    assert_eq!(ix.apply(0, &[stored(&[12, 13], None, &[1, 2, 3, 4])]).bad_event, 1, "two blocks of 2: bad");
     // Its blocks cleared, the engine's size stays; forgotten (a restart, the
     // rank down), it is learned anew: the next engine may use another.
     ix.apply(0, &[KvEvent::Cleared]);
@@ -301,4 +305,141 @@ fn groups_narrow_ranks_past_the_first_word_of_64() {
     ix.apply(66, &[in_group(1, &[10], None, &[1, 2])]);
     let out = leading(&ix, &PROMPT);
     assert_eq!((out[3], out[66], out[69], out.iter().sum::<u32>()), (3, 1, 3, 7));
+}
+
+/// A store of KV cache group `group` in blocks of `size`.
+fn sized(group: u32, size: u32, hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
+    let KvEvent::Stored(s) = stored(hashes, parent, tokens) else { unreachable!() };
+    KvEvent::Stored(Stored { group, block_size: size, ..s })
+}
+
+/// Each rank's leading blocks of its own size for `tokens`, keyed in `sizes`.
+fn leading_sized(ix: &PrefixIndex, tokens: &[u32], sizes: &[u32]) -> Vec<u32> {
+    let keys: Vec<Vec<u64>> = sizes
+        .iter()
+        .map(|&s| {
+            let mut out = Vec::new();
+            chain_keys(chain_seed(None, None), tokens, s as usize, &mut out);
+            out
+        })
+        .collect();
+    let keyed: Vec<(u32, &[u64])> = sizes.iter().zip(&keys).map(|(&s, k)| (s, &k[..])).collect();
+    let mut out = Vec::new();
+    ix.leading_in(&keyed, &mut out, &mut Scratch::default());
+    out
+}
+
+/// A hybrid model whose groups' blocks differ (full attention in blocks of
+/// 4, a second group in blocks of 2): each group is learned and matched in
+/// its own size, the rank's hit the least in tokens, in whole multiples of
+/// the sizes' LCM, counted in the rank's own (group 0's) blocks.
+#[test]
+fn groups_of_different_block_sizes_are_each_matched_in_their_own() {
+    let chain: Vec<u32> = (1..=9).collect();
+    let mut ix = PrefixIndex::new(2, 1000);
+    let a =
+        ix.apply(0, &[sized(0, 4, &[10, 11], None, &chain[..8]), sized(1, 2, &[10, 20, 11, 21], None, &chain[..8])]);
+    assert_eq!((a.stored, a.bad_event, a.blocks_stored), (2, 0, 6));
+    ix.apply(1, &[sized(0, 4, &[30, 31], None, &chain[..8])]);
+    assert_eq!((ix.rank_block_size(0), ix.block_sizes(), ix.block_size()), (Some(4), &[4, 2][..], Some(4)));
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![2, 2]);
+    // Group 1 loses its third block (tokens 4..6): it holds 4 tokens, one block of 4.
+    assert_eq!(ix.apply(0, &[removed_in(1, &[11])]).removed, 1);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![1, 2]);
+    // Then its second: 2 tokens, less than the LCM of 4: none.
+    ix.apply(0, &[removed_in(1, &[20])]);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![0, 2]);
+    // Stored again, continuing its first block: whole again.
+    ix.apply(0, &[sized(1, 2, &[20, 11], Some(10), &chain[2..6])]);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![2, 2]);
+    // Keyed in blocks of 4 only (block_keys): group 1 matches nothing.
+    assert_eq!(leading_sized(&ix, &chain, &[4]), vec![0, 2]);
+    // Each group keeps its size: a store of 2 in group 0 (two blocks) is bad.
+    assert_eq!(ix.apply(0, &[sized(0, 2, &[40, 41], None, &chain[..4])]).bad_event, 1);
+}
+
+/// vLLM's batch for a 9-token prompt of a model with full attention in
+/// blocks of 4 beside a sliding window of 2 in blocks of 2 (the hash block
+/// 2, the scheduler's 4): group 0's blocks, its partial block (the hash
+/// unit the prompt's last token but one ends on), and group 1's blocks
+/// that end on a multiple of 4, the only ones a hit can use.
+#[test]
+fn a_sliding_window_group_keeping_one_block_in_two_and_a_partial_block() {
+    let chain: Vec<u32> = (1..=9).collect();
+    let prompt = |n: usize| chain[..n].iter().copied().chain([99]).collect::<Vec<u32>>();
+    let mut ix = PrefixIndex::new(2, 1000);
+    let batch = [
+        sized(0, 4, &[20, 40], None, &chain[..8]),
+        sized(0, 2, &[30], Some(20), &chain[4..6]),
+        sized(1, 2, &[20, 40], None, &chain[..8]),
+    ];
+    let a = ix.apply(0, &batch);
+    assert_eq!((a.stored, a.unmatchable, a.bad_event, a.blocks_stored), (2, 1, 0, 5));
+    ix.apply(1, &[sized(0, 4, &[20, 40], None, &chain[..8])]);
+    assert_eq!(leading_sized(&ix, &prompt(8), &[4, 2]), vec![2, 2]);
+    assert_eq!(leading_sized(&ix, &prompt(6), &[4, 2]), vec![1, 1], "the partial block is not matched");
+    // The window loses the block ending at 8: the hit ends at 4.
+    ix.apply(0, &[removed_in(1, &[40])]);
+    assert_eq!(leading_sized(&ix, &prompt(8), &[4, 2]), vec![1, 2]);
+    // The partial block's removal (its block filled) is a removal.
+    let a = ix.apply(0, &[removed(&[30])]);
+    assert_eq!((a.removed, a.unknown_block, ix.blocks(0, Medium::Gpu)), (1, 0, 3));
+    // A sparse store continuing a block: which blocks its hashes are is
+    // unknown, so they are held and never matched.
+    let a = ix
+        .apply(0, &[sized(1, 2, &[40, 60], Some(20), &chain[2..8].iter().chain(&[7, 7]).copied().collect::<Vec<_>>())]);
+    assert_eq!((a.unmatchable, a.stored, ix.blocks(0, Medium::Gpu)), (1, 0, 5));
+    assert_eq!(leading_sized(&ix, &prompt(8), &[4, 2]), vec![1, 2]);
+    // A store whose hashes fit no window is held too; one without hashes is bad.
+    let a = ix.apply(0, &[sized(1, 2, &[70], None, &[5; 8]), sized(1, 2, &[], None, &[5; 8])]);
+    assert_eq!((a.unmatchable, a.bad_event), (1, 1));
+    // A rank of one group of 4 takes no store of 2 blocks for a sparse one.
+    assert_eq!(ix.apply(1, &[sized(0, 4, &[80], None, &chain[..8])]).bad_event, 1);
+}
+
+/// A group of a third size: the hit is in multiples of the three sizes'
+/// LCM; a size not keyed leaves the rank no match.
+#[test]
+fn a_group_of_a_third_size() {
+    let chain: Vec<u32> = (1..=25).collect();
+    let mut ix = PrefixIndex::new(1, 1000);
+    let h = |n: u64, base: u64| (base..base + n).collect::<Vec<u64>>();
+    let a = ix.apply(
+        0,
+        &[
+            sized(0, 4, &h(6, 100), None, &chain[..24]),
+            sized(1, 2, &h(12, 200), None, &chain[..24]),
+            sized(2, 6, &h(4, 300), None, &chain[..24]),
+        ],
+    );
+    assert_eq!((a.stored, a.blocks_stored), (3, 22));
+    assert_eq!(ix.block_sizes(), [4, 2, 6]);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2, 6]), vec![6]);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![0], "group 2's size is not keyed");
+    // Group 2 loses its last block (tokens 18..24): 18 tokens, 12 in the LCM's multiples.
+    ix.apply(0, &[removed_in(2, &[303])]);
+    assert_eq!(leading_sized(&ix, &chain, &[6, 4, 2]), vec![3]);
+    assert_eq!(leading(&ix, &chain), vec![0], "keys of 2 alone: groups 0 and 2 match nothing");
+}
+
+/// An engine restarted with other sizes is learned anew; until then every
+/// store of another size is bad.
+#[test]
+fn a_rank_whose_engine_restarts_with_other_sizes_learns_them_anew() {
+    let chain: Vec<u32> = (1..=9).collect();
+    let mut ix = PrefixIndex::new(1, 1000);
+    ix.apply(0, &[sized(0, 4, &[10, 11], None, &chain[..8]), sized(1, 2, &[20, 21, 22, 23], None, &chain[..8])]);
+    assert_eq!(leading_sized(&ix, &chain, &[4, 2]), vec![2]);
+    let a = ix.apply(0, &[sized(1, 4, &[30, 31], None, &chain[..8])]);
+    assert_eq!(a.bad_event, 1, "group 1 is of 2");
+    ix.forget(0);
+    assert_eq!((ix.rank_block_size(0), ix.block_sizes()), (None, &[][..]));
+    // The next engine: group 0 in blocks of 2, group 1 of 4.
+    let a =
+        ix.apply(0, &[sized(0, 2, &[40, 41, 42, 43], None, &chain[..8]), sized(1, 4, &[50, 51], None, &chain[..8])]);
+    assert_eq!((a.stored, a.bad_event), (2, 0));
+    assert_eq!((ix.rank_block_size(0), ix.block_sizes()), (Some(2), &[2, 4][..]));
+    assert_eq!(leading_sized(&ix, &chain, &[2, 4]), vec![4]);
+    ix.apply(0, &[removed_in(1, &[51])]);
+    assert_eq!(leading_sized(&ix, &chain, &[2, 4]), vec![2]);
 }
