@@ -43,6 +43,12 @@ def eventually(what: str, f: Callable[[], Any], deadline: float = DEADLINE, inte
         time.sleep(interval)
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (a signal is delivered after ``kill`` returns)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks.iterdir())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,11 +11,10 @@ import random
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from conftest import bring_up, eventually
+from conftest import bring_up, eventually, stopped
 from sglang_controller import controller_module, dispatch, embedding, generate, health_check, make_controller
 from test_kv_events import Prompt, free_ports, join, prefix, sglang_kv, start, tokens  # noqa: F401 - fixture
 
@@ -77,12 +76,6 @@ def hook_metric(outcome: str) -> float:
         (s.value for s in family.samples if s.name == "dpcoord_hook_requests_total" and s.labels == {"outcome": outcome}),
         0.0,
     )
-
-
-def stopped(pid: int) -> bool:
-    """Whether every thread of process ``pid`` is stopped (a signal is delivered after ``kill`` returns)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks.iterdir())
 
 
 def routed(d) -> list[int]:

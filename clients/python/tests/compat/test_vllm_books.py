@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DEADLINE, bring_up, eventually
+from conftest import DEADLINE, bring_up, eventually, stopped
 from hook_fixtures import HERE, client_for, hook, request, vllm_modules  # noqa: F401 - fixtures
 
 # -- aborts, from vLLM's own signal ------------------------------------------------------
@@ -125,6 +125,7 @@ def test_an_answer_after_the_deadline_is_withdrawn_at_once(real, hook, start_dae
     async def late():
         await client.add_request_async(request(real))  # the link is up: rank 2
         d.proc.send_signal(signal.SIGSTOP)
+        eventually("every thread of dpcoord stopped", lambda: stopped(d.proc.pid))
         try:
             await client.add_request_async(request(real, "late"))
         finally:
