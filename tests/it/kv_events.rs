@@ -201,3 +201,55 @@ fn blocks_keyed_by_more_than_tokens_are_held_and_never_matched() {
     assert_eq!(d.state()["ranks"][0]["kv_blocks"], json!({}));
     assert_eq!(d.stop().code(), Some(0));
 }
+
+/// `stored_sized` in KV cache group `group`, as vLLM's hybrid models send it.
+fn grouped(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u32, group: u32) -> rmpv::Value {
+    let mut ev = stored_sized(hashes, parent, tokens, block_size);
+    if let rmpv::Value::Map(fields) = &mut ev {
+        fields.push(("group_idx".into(), group.into()));
+    }
+    ev
+}
+
+/// A hybrid model whose KV cache groups have different block sizes, as
+/// vLLM publishes a prompt of 8 tokens and one: full attention in blocks
+/// of 4, its partial block (the hash unit of 2 ending at 6), and a sliding
+/// window in blocks of 2 that keeps only those ending on a multiple of 4.
+#[test]
+fn groups_of_different_block_sizes_are_each_matched_in_their_own() {
+    let ctx = zmq::Context::new();
+    let (mut e, p, r) = engines(&ctx, 2);
+    let d = subscribed("2", p, r);
+    join(&d, &mut e);
+    let chain: Vec<u32> = (1..=8).collect();
+    let prompt: Vec<u32> = (1..=9).collect();
+    e[0].publish(vec![
+        grouped(&[20, 40], None, &chain, 4, 0),
+        grouped(&[30], Some(20), &chain[4..6], 2, 0),
+        grouped(&[20, 40], None, &chain, 2, 1),
+    ]);
+    e[1].publish(vec![grouped(&[20, 40], None, &chain, 4, 0)]);
+    await_prefix(&d, &prompt, json!({"blocks": 2, "matched": [2, 2]}));
+    let s = d.state();
+    assert_eq!((&s["kv_block_size"], &s["ranks"][0]["kv_block_size"]), (&json!(4), &json!(4)), "group 0's size");
+    assert_eq!(s["ranks"][0]["kv_blocks"], json!({"GPU": 5}));
+    let events = |res: &str| d.metric(&format!("dpcoord_kv_events_total{{dp_rank=\"0\",result=\"{res}\"}}"));
+    assert_eq!((events("stored"), events("unmatchable"), events("bad_event")), (Some(2.0), Some(1.0), Some(0.0)));
+    // The window drops the block ending at 8: rank 0's hit ends at 4.
+    e[0].publish(vec![removed_in(&[40], 1)]);
+    await_prefix(&d, &prompt, json!({"blocks": 2, "matched": [1, 2]}));
+    // Group 1 in blocks of 4 is not its size: dropped, nothing changes.
+    e[0].publish(vec![grouped(&[40], Some(20), &chain[4..], 4, 1)]);
+    eventually("the bad store counted", || (events("bad_event") == Some(1.0)).then_some(()));
+    assert_eq!(prefix(&d, &prompt), json!({"blocks": 2, "matched": [1, 2]}));
+    assert_eq!(d.stop().code(), Some(0));
+}
+
+/// `removed` in KV cache group `group`.
+fn removed_in(hashes: &[u64], group: u32) -> rmpv::Value {
+    let mut ev = removed(hashes);
+    if let rmpv::Value::Map(fields) = &mut ev {
+        fields.push(("group_idx".into(), group.into()));
+    }
+    ev
+}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 
 from test_kv_events import (  # noqa: F401  (vllm_kv is a fixture)
-    Prompt, counters, events, free_ports, join, settle, start, tokens, vllm_kv,
+    Prompt, counters, events, free_ports, join, moved, settle, start, tokens, vllm_kv,
 )
 from test_kv_unmatchable import VllmScheduledKv
 
@@ -27,10 +27,12 @@ from test_kv_unmatchable import VllmScheduledKv
 class HybridKv(VllmScheduledKv):
     """One vLLM DP rank of a hybrid model: full attention and a sliding window."""
 
-    def __init__(self, v, real, rank: int, pub_port: int, replay_port: int, *, num_blocks: int = 32):
-        super().__init__(v, real, rank, pub_port, replay_port)
+    def __init__(self, v, real, rank: int, pub_port: int, replay_port: int, *, num_blocks: int = 32,
+                 block_size: int = 16, window_block_size: int | None = None, sliding_window: int | None = None):
+        super().__init__(v, real, rank, pub_port, replay_port, block_size=block_size)
         self.manager = self.ve.make_hybrid_kv_cache_manager(real, self.block_size, num_blocks=num_blocks,
-                                                            sliding_window=self.block_size)
+                                                            sliding_window=sliding_window or self.block_size,
+                                                            window_block_size=window_block_size)
 
     def cache_in_chunks(self, p: Prompt, first: int) -> None:
         """Prefills ``p`` in two steps, ``first`` tokens then the rest (chunked prefill):
@@ -117,3 +119,55 @@ def test_vllm_hybrid_model_a_sliding_window_eviction_is_no_phantom(vllm_kv, real
     moved = {k: counters(d).get(k, 0) - before.get(k, 0) for k in (events(0, "bad_event"), events(0, "unmatchable"),
                                                                     events(0, "unknown_parent"))}
     assert set(moved.values()) == {0}, moved
+
+
+def test_vllm_hybrid_model_with_groups_of_different_block_sizes(vllm_kv, real, start_daemon):
+    """Full attention in blocks of 64 beside a sliding window of 32 in blocks of 32: vLLM
+    hashes in blocks of 32 (the GCD) and hits in multiples of 64 (the LCM). Per prompt it
+    publishes group 0's blocks of 64, a partial block of 32 where the prompt's last token
+    but one ends inside a block of 64 (r: 256 tokens, the unit 192-224) (``FullAttentionManager._cache_partial_tail_block``,
+    a lookup entry that only a fine-grained alignment reads), and of group 1 only the
+    blocks of 32 that end on a multiple of 64 (``reachable_block_mask``: the others can
+    serve no hit). dpcoord learns each group's size apart and predicts, per rank, exactly
+    the engine's hit (``get_computed_blocks``, in blocks of 64, the ranks'
+    ``kv_block_size``); holding the group-0 size alone it predicted 0 everywhere."""
+    rng = random.Random(45)
+    base = free_ports(4)
+    pub, rep = base, base + 2
+    d = start(start_daemon, 2, f"tcp://127.0.0.1:{pub}+rank", f"tcp://127.0.0.1:{rep}+rank")
+    ranks = [HybridKv(vllm_kv.v, real, r, pub, rep, num_blocks=64, block_size=64, window_block_size=32,
+                      sliding_window=32) for r in (0, 1)]
+    vllm_kv.made.extend(ranks)
+    for r, e in enumerate(ranks):
+        join(d, e, r, rng)
+        assert e.manager.reset_prefix_cache()
+        e.step()
+    settle("both ranks cleared", lambda: matched(d, {})["kv_blocks"], [0, 0])
+    before = counters(d)
+
+    q = Prompt(tokens(rng, 4 * 64 + 1))
+    r = Prompt(q.tokens[:255] + (5,))          # q's fourth block but its last token
+    s = Prompt(q.tokens[:96] + tokens(rng, 80))  # diverges inside q's second block
+    other = Prompt(tokens(rng, 2 * 64 + 1))
+    # Asked with one more token: vLLM never hits a prompt's last token (its own r
+    # hits one block short on rank 1), dpcoord counts whole blocks.
+    prompts = {"q": q, "r": Prompt(r.tokens + (6,)), "s": s, "other": other}
+    ranks[0].cache_prompt(q)
+    ranks[1].cache_prompt(r)
+    ranks[1].cache_prompt(other)
+    sent = [e.step() for e in ranks]
+    # The scenario: the three kinds of store, as the docstring says.
+    shapes = [(ev.block_size, len(ev.block_hashes), len(ev.token_ids), ev.group_idx) for ev in sent[1]]
+    assert shapes == [(64, 4, 256, 0), (32, 1, 32, 0), (32, 4, 256, 1),
+                      (64, 2, 128, 0), (32, 2, 128, 1)], shapes
+
+    engine = {name: [e.hit(p) for e in ranks] for name, p in prompts.items()}
+    assert engine == {"q": [4, 3], "r": [3, 4], "s": [1, 1], "other": [0, 2]}, engine
+    blocks = [len(e.manager.block_pool.cached_block_hash_to_block) for e in ranks]
+    assert blocks == [4 + 4, 4 + 1 + 4 + 2 + 2]
+    settle("dpcoord's prediction is the engine's hit", lambda: matched(d, prompts), {**engine, "kv_blocks": blocks})
+    state = d.state()
+    assert [x["kv_block_size"] for x in state["ranks"]] == [64, 64] and state["kv_block_size"] == 64
+    # Every store indexed; the one partial block held, never matched.
+    kv_events = {k: v for k, v in moved(counters(d), before).items() if k.startswith("dpcoord_kv_events_total")}
+    assert kv_events == {events(0, "stored"): 2, events(1, "stored"): 4, events(1, "unmatchable"): 1}, kv_events
