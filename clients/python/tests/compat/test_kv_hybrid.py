@@ -64,6 +64,17 @@ class HybridKv(VllmScheduledKv):
         return out
 
 
+def held_by_group(e: HybridKv, p: Prompt) -> list[list[int]]:
+    """Which of ``p``'s blocks rank ``e`` holds per group, by the engine's own hashes:
+    group 0's blocks of 64 (0, 1, ...), group 1's blocks of 32 that end on a multiple
+    of 64 (1, 3, ...)."""
+    req = e.v.request.Request.from_engine_core_request(e.request(p), e.manager.block_hasher)
+    pool, h = e.manager.block_pool, req.block_hashes  # in blocks of 32, the hash size
+    full = [i for i in range(len(h) // 2) if pool.get_cached_block(h[2 * i + 1], [0]) is not None]
+    window = [i for i in range(1, len(h), 2) if pool.get_cached_block(h[i], [1]) is not None]
+    return [full, window]
+
+
 def matched(d, prompts: dict[str, Prompt]) -> dict[str, list[int]]:
     """dpcoord's predicted prefix per rank (the health socket's ``prefix`` op), and
     ``state``'s blocks per rank (every group's)."""
@@ -124,13 +135,14 @@ def test_vllm_hybrid_model_a_sliding_window_eviction_is_no_phantom(vllm_kv, real
 def test_vllm_hybrid_model_with_groups_of_different_block_sizes(vllm_kv, real, start_daemon):
     """Full attention in blocks of 64 beside a sliding window of 32 in blocks of 32: vLLM
     hashes in blocks of 32 (the GCD) and hits in multiples of 64 (the LCM). Per prompt it
-    publishes group 0's blocks of 64, a partial block of 32 where the prompt's last token
-    but one ends inside a block of 64 (r: 256 tokens, the unit 192-224) (``FullAttentionManager._cache_partial_tail_block``,
-    a lookup entry that only a fine-grained alignment reads), and of group 1 only the
-    blocks of 32 that end on a multiple of 64 (``reachable_block_mask``: the others can
-    serve no hit). dpcoord learns each group's size apart and predicts, per rank, exactly
-    the engine's hit (``get_computed_blocks``, in blocks of 64, the ranks'
-    ``kv_block_size``); holding the group-0 size alone it predicted 0 everywhere."""
+    publishes group 0's blocks of 64; a partial block of 32 where the prompt's last token
+    but one ends inside a block of 64 (r, 256 tokens: the unit 192-224;
+    ``FullAttentionManager._cache_partial_tail_block``, a lookup entry only a
+    fine-grained alignment reads); and of group 1 only the blocks of 32 that end on a
+    multiple of 64 (``reachable_block_mask``: the others can serve no hit). dpcoord
+    learns each group's size apart and predicts, per rank, exactly the engine's hit
+    (``get_computed_blocks``, in blocks of 64, the ranks' ``kv_block_size``), before and
+    after evictions; holding one size per rank (group 0's) it predicted 0 everywhere."""
     rng = random.Random(45)
     base = free_ports(4)
     pub, rep = base, base + 2
@@ -171,3 +183,20 @@ def test_vllm_hybrid_model_with_groups_of_different_block_sizes(vllm_kv, real, s
     # Every store indexed; the one partial block held, never matched.
     kv_events = {k: v for k, v in moved(counters(d), before).items() if k.startswith("dpcoord_kv_events_total")}
     assert kv_events == {events(0, "stored"): 2, events(1, "stored"): 4, events(1, "unmatchable"): 1}, kv_events
+    # Pressure on rank 0's pool (64 blocks for both groups): fresh prompts evict q's
+    # last two blocks of 64 from group 0 while group 1 still holds its four blocks of
+    # 32; the engine's hit ends with group 0's, and so does dpcoord's prediction (no
+    # phantom of an evicted block, nor one group's length for the other's).
+    for _ in range(8):
+        ranks[0].cache_prompt(Prompt(tokens(rng, 3 * 64 + 1)))
+    ranks[0].cache_prompt(Prompt(tokens(rng, 161)))
+    ranks[0].step()
+    assert held_by_group(ranks[0], q) == [[0, 1], [1, 3, 5, 7]]
+    engine = {name: [e.hit(p) for e in ranks] for name, p in prompts.items()}
+    assert engine == {"q": [2, 3], "r": [2, 4], "s": [1, 1], "other": [0, 2]}, engine
+    blocks = [len(e.manager.block_pool.cached_block_hash_to_block) for e in ranks]
+    settle("dpcoord's prediction after evictions", lambda: matched(d, prompts), {**engine, "kv_blocks": blocks})
+    kv_events = {k: v for k, v in moved(counters(d), before).items() if k.startswith("dpcoord_kv_events_total")}
+    # Rank 0: q's two stores, two per pressure prompt, and group 0's two evictions.
+    assert kv_events == {events(0, "stored"): 2 + 9 * 2, events(0, "removed"): 2,
+                         events(1, "stored"): 4, events(1, "unmatchable"): 1}, kv_events
