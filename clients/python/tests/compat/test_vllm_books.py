@@ -279,7 +279,9 @@ def test_a_request_aborted_while_dpcoord_answers_is_sent_nowhere(real, hook, tmp
 
         async def run():
             adding = asyncio.ensure_future(vllm_engine.add_request(real, llm, request(real, "gone")))
+            end = asyncio.get_running_loop().time() + DEADLINE
             while not replies:  # dpcoord has the query; vLLM awaits its answer
+                assert asyncio.get_running_loop().time() < end, "the hook never asked dpcoord"
                 await asyncio.sleep(0.005)
             await llm.abort("gone")  # the client went away meanwhile
             answer.set()
