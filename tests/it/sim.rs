@@ -234,6 +234,8 @@ fn bad_arguments_exit_2_saying_why() {
         "dpcoord: error: --policy least_load: vllm-dp runs its arms vllm-rule, least_load, cache_aware/events, \
          and takes no --policy\n"
     );
+    let r = sim(out.path(), &["slow-rank", "--nodes", "2"]);
+    assert_eq!((r.code, r.stderr.as_str()), (Some(2), "dpcoord: error: --nodes 2: only vllm-dp runs over nodes\n"));
 }
 
 /// Every scenario, with its defaults, twice: the same bytes on stdout and
@@ -297,6 +299,47 @@ fn vllm_dp_compares_vllms_rule_with_dpcoord_and_repeats_byte_for_byte() {
     assert!(first.stdout == second.stdout, "stdout differs:\n{}\n---\n{}", first.stdout, second.stdout);
     assert!(std::fs::read_to_string(out.path().join("vllm-dp.txt")).unwrap() == text, "vllm-dp.txt differs");
     assert!(std::fs::read_to_string(out.path().join("vllm-dp.svg")).unwrap() == svg, "vllm-dp.svg differs");
+}
+
+/// `vllm-dp --nodes 2`: the one-node table as without it, then every arm over
+/// 2 nodes of 4 ranks, each placement on its API server's node.
+#[test]
+fn vllm_dp_over_two_nodes_adds_a_table_and_keeps_each_request_on_its_node() {
+    let out = tempfile::tempdir().unwrap();
+    let r = sim(out.path(), &["vllm-dp", "--requests", "480", "--nodes", "2"]);
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let text = std::fs::read_to_string(out.path().join("vllm-dp.txt")).unwrap();
+    let svg = std::fs::read_to_string(out.path().join("vllm-dp.svg")).unwrap();
+    let (one, two) = text.split_once("\nshared-prefix on 2 nodes of 4 ranks").expect("a two-node table");
+    let want = "vllm-rule 2 480 0 92,762 687.8 1608.7 2477.0 25.5 1.50 60 62 62 60 59 61 58 58";
+    assert_eq!(row(one, "vllm-rule", "2"), cells(want), "the one-node rows are those without --nodes");
+    // arm, API servers, completed, lost, input tok/s, ttft p50/p90/p99 ms, hit %, std, placements per rank.
+    for want in [
+        "vllm-rule 2 480 0 91,903 652.7 1571.4 2477.0 23.4 2.45 62 59 61 58 63 56 58 63",
+        "least_load 2 480 0 95,834 319.0 992.3 2477.0 26.8 3.81 57 63 66 54 60 56 63 61",
+        "cache_aware/events 4 480 0 147,820 127.3 992.3 2343.0 64.2 4.30 54 63 67 56 65 57 60 58",
+    ] {
+        let c = cells(want);
+        assert_eq!(row(two, c[0], c[1]), c, "{want}");
+    }
+    for arm in ["vllm-rule", "least_load", "cache_aware/events"] {
+        for k in ["2", "4"] {
+            let per_rank: Vec<u64> = row(two, arm, k)[10..].iter().map(|n| n.parse().unwrap()).collect();
+            let nodes = [per_rank[..4].iter().sum::<u64>(), per_rank[4..].iter().sum::<u64>()];
+            assert_eq!(nodes, [240, 240], "{arm} at {k}: the balancer alternates the nodes");
+        }
+    }
+    for line in [
+        "2 API servers, cache_aware/events on 2 nodes vs 1: input tok/s 146,055 vs 167,517 (x0.87), ttft p50 125.5 \
+         vs 123.1 ms, p99 2210.7 vs 1998.3 ms (x1.11), hit 63.8 vs 72.4 %",
+        "2 nodes, 2 API servers, cache_aware/events vs vllm-rule: input tok/s 146,055 vs 91,903 (x1.59), ttft p50 \
+         125.5 vs 652.7 ms, p99 2210.7 vs 2477.0 ms (x0.89), hit 63.8 vs 23.4 %",
+        "every placement on its API server's node",
+        "zero requests lost in every arm",
+    ] {
+        assert!(two.lines().any(|l| l == line), "missing {line:?} in:\n{two}");
+    }
+    assert!(svg.contains(">shared-prefix, 2 nodes: input tokens/s<"), "{svg}");
 }
 
 /// Rank 3 dies at 29.78 s; its last stats went out less than 100 ms before

@@ -71,6 +71,7 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
         hang: None,
         resizes: Vec::new(),
         frontends,
+        nodes: 1,
         load: Load::Closed { concurrency: CONCURRENCY },
         prompts: None,
         // The shared-prefix prompts' lengths; their tokens come from `prompts_of`.

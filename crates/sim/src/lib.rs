@@ -35,6 +35,8 @@
 //!   servers asking dpcoord, on shared prefixes
 //! - `stale`: frontends placing requests themselves (a stale snapshot, or
 //!   vLLM 0.33's rule)
+//! - `nodes`: API servers and ranks split over nodes (vLLM's hybrid load
+//!   balancing), and the round-robin balancer in front of them
 //! - `demo`, `demo_view`, `demo_summary`: `dpcoord demo`, its live view,
 //!   and its closing comparison and verdict
 
@@ -49,6 +51,7 @@ pub mod link;
 pub mod local;
 pub mod model;
 pub mod net;
+pub mod nodes;
 pub mod oracle;
 pub mod pending;
 pub mod phase;
@@ -237,6 +240,11 @@ pub struct SimArgs {
     /// prefix: sweep the cache_aware weights instead of comparing arms.
     #[arg(long)]
     pub sweep: bool,
+    /// vllm-dp: with 2, also runs every arm on 2 nodes of half the ranks each (vLLM's
+    /// --data-parallel-hybrid-lb): each node's API servers reach its ranks only, a
+    /// round-robin balancer in front alternates each frontend's requests between the nodes.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub nodes: u32,
 }
 
 /// Every `routing.policy` name: `--policy` of `dpcoord demo`, checked while
@@ -280,6 +288,15 @@ impl SimArgs {
             }
             (_, None, Some(_)) => return Err(SimError::Usage("--generate belongs to the trace scenario".into())),
             (_, None, None) => {}
+        }
+        if self.nodes > 1 && self.scenario != Scenario::VllmDp {
+            return Err(SimError::Usage(format!("--nodes {}: only vllm-dp runs over nodes", self.nodes)));
+        }
+        if self.nodes > self.ranks {
+            return Err(SimError::Usage(format!(
+                "--nodes {}: more nodes than ranks (--ranks {})",
+                self.nodes, self.ranks
+            )));
         }
         match self.rate {
             Some(r) if !(r.is_finite() && r > 0.0) => {

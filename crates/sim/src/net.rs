@@ -52,11 +52,14 @@ struct Query<'a> {
     ok: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dp_size: Option<u32>,
+    /// The ranks a placement may take (docs/PROTOCOL.md §4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    among: Option<&'a [u32]>,
 }
 
 impl Query<'_> {
     fn op(op: &'static str) -> Query<'static> {
-        Query { v: 1, op, tokens: None, prompt_tokens: None, rank: None, ok: None, dp_size: None }
+        Query { v: 1, op, tokens: None, prompt_tokens: None, rank: None, ok: None, dp_size: None, among: None }
     }
 }
 
@@ -106,6 +109,16 @@ pub enum Answer {
     Refused(String),
 }
 
+/// A `route` query.
+fn route_query<'a>(
+    prompt_tokens: u64,
+    tokens: Option<&'a [u32]>,
+    pin: Option<u32>,
+    among: Option<&'a [u32]>,
+) -> Query<'a> {
+    Query { prompt_tokens: Some(prompt_tokens), tokens, rank: pin, among, ..Query::op("route") }
+}
+
 /// A REQ socket: one query, one reply.
 pub struct Rpc {
     peer: QueryPeer,
@@ -134,18 +147,19 @@ impl Rpc {
 
     /// A user placement for one request (`op: route`).
     pub fn route(&self, prompt_tokens: u64) -> Result<Answer, NetError> {
-        self.route_prompt(prompt_tokens, None, None)
+        self.route_prompt(prompt_tokens, None, None, None)
     }
 
-    /// A user placement with the prompt's token ids (for `cache_aware`) and
-    /// an optional pin (`rank`).
+    /// A user placement with the prompt's token ids (for `cache_aware`), an
+    /// optional pin (`rank`) and the ranks it may take (`among`; all if none).
     pub fn route_prompt(
         &self,
         prompt_tokens: u64,
         tokens: Option<&[u32]>,
         pin: Option<u32>,
+        among: Option<&[u32]>,
     ) -> Result<Answer, NetError> {
-        self.placement(&Query { prompt_tokens: Some(prompt_tokens), tokens, rank: pin, ..Query::op("route") }, false)
+        self.placement(&route_query(prompt_tokens, tokens, pin, among), false)
     }
 
     /// How many whole blocks of `tokens`, from the first, each rank holds in
@@ -253,5 +267,30 @@ impl StatsPub {
         self.peer.send(&[&rmp_serde::to_vec_named(&u)?])?;
         self.last = counts;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(q: &Query) -> Vec<(String, rmpv::Value)> {
+        let bytes = rmp_serde::to_vec_named(q).unwrap();
+        let rmpv::Value::Map(m) = rmpv::decode::read_value(&mut &bytes[..]).unwrap() else { panic!("not a map") };
+        m.into_iter().map(|(k, v)| (k.as_str().unwrap().to_owned(), v)).collect()
+    }
+
+    #[test]
+    fn a_route_query_carries_among_only_when_given() {
+        let node: Vec<u32> = (4..8).collect();
+        let with = decoded(&route_query(3712, None, None, Some(&node)));
+        let among = with.iter().find(|(k, _)| k == "among").map(|(_, v)| v.clone());
+        assert_eq!(among, Some(rmpv::Value::Array((4..8).map(rmpv::Value::from).collect())));
+        assert_eq!(
+            with.iter().find(|(k, _)| k == "op").map(|(_, v)| v.as_str().unwrap().to_owned()).as_deref(),
+            Some("route")
+        );
+        let keys: Vec<String> = decoded(&route_query(3712, None, Some(5), None)).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["v", "op", "prompt_tokens", "rank"], "no among: every rank, as before");
     }
 }

@@ -128,6 +128,8 @@ pub struct Recorder {
     pub hang: Option<Death>,
     /// Requests a frontend gave up on (no first token in time) and placed again.
     pub timeouts: u64,
+    /// Over nodes: user placements outside the asking API server's node.
+    pub off_node: u64,
 }
 
 /// A rank's death, when dpcoord showed it `down`, and the user placements
@@ -269,6 +271,7 @@ impl Recorder {
             death: self.death,
             hang: self.hang,
             timeouts: self.timeouts,
+            off_node: self.off_node,
         }
     }
 }
@@ -327,6 +330,8 @@ pub struct ArmResult {
     pub death: Option<Death>,
     pub hang: Option<Death>,
     pub timeouts: u64,
+    /// Over nodes: user placements outside the asking API server's node.
+    pub off_node: u64,
 }
 
 impl ArmResult {

@@ -51,6 +51,7 @@ pub(super) fn base(a: &SimArgs, name: &str, lockstep: bool) -> ArmSpec {
         hang: None,
         resizes: Vec::new(),
         frontends: a.frontends,
+        nodes: 1,
         load: a.rate.map_or(Load::Closed { concurrency: a.concurrency }, |rate| Load::Open { rate }),
         prompts: Some(a.prompts),
         lengths: Lengths { input: (a.input_tokens, a.input_tokens), output: (a.output_tokens, a.output_tokens) },

@@ -4,6 +4,7 @@
 use super::cluster::EngineSpec;
 use super::link::ProbeVia;
 use super::model::Micros;
+use super::nodes::Nodes;
 use super::prompts::Workload;
 use super::stale::StaleRule;
 use super::trace_replay::Replay;
@@ -70,6 +71,10 @@ pub struct ArmSpec {
     /// removed ones finish what they hold, then stop.
     pub resizes: Vec<(Micros, u32)>,
     pub frontends: u32,
+    /// Nodes the frontends' API servers and the ranks split over (`nodes`):
+    /// above 1, each request goes to an API server of one node, and only
+    /// that node's ranks may take it (the route query's `among`).
+    pub nodes: u32,
     pub load: Load,
     /// Prompts over all frontends; `None` runs until stopped.
     pub prompts: Option<u64>,
@@ -97,6 +102,11 @@ impl ArmSpec {
     /// Engines simulated: dpcoord's table at its largest.
     pub fn engines(&self) -> u32 {
         self.resizes.iter().map(|&(_, n)| n).fold(self.ranks, u32::max)
+    }
+
+    /// How the frontends' API servers and the ranks split over `nodes`.
+    pub fn split(&self) -> Nodes {
+        Nodes::new(self.nodes, self.frontends, self.ranks)
     }
 }
 

@@ -21,10 +21,19 @@
 //!   `kv_usage` is the engine's (`SimEngine::kv_usage`): the share of its
 //!   prefix cache that running jobs hold, so the term is 0 on engines
 //!   without a prefix cache (every scenario but the prefix-cache ones).
+//!
+//! Over nodes (`nodes`, vLLM's `--data-parallel-hybrid-lb`), each frontend
+//! is an API server of one node and sees, scans and places on that node's
+//! ranks only, as vLLM's client does over `engine_ranks_managed`: `K` is
+//! then the API servers on its node (its `client_count`), and its scan
+//! starts at `first + M * index / K` (`M` the node's ranks, `index` its
+//! `client_index` there).
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::model::{Micros, SimEngine};
+use super::nodes::Nodes;
 
 /// How frontends place requests on their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +67,12 @@ pub struct StalePicker {
     next: Micros,
     /// Each frontend's copy of the snapshot.
     copies: Vec<Vec<Seen>>,
-    /// Each frontend's scan start.
+    /// Each frontend's scan start, counted from the first rank of its node.
     start: Vec<usize>,
+    /// Each frontend's node's ranks.
+    span: Vec<Range<usize>>,
+    /// The API servers on each frontend's node (vLLM's `client_count`).
+    peers: Vec<u64>,
     /// vLLM's rule: each frontend's unfinished placements per rank.
     own: Vec<Vec<u64>>,
     /// vLLM's rule: the frontend and rank of each unfinished request, by id.
@@ -70,21 +83,38 @@ impl StalePicker {
     /// `frontends` frontends over `ranks` ranks. Frontends start their
     /// scans spread over the ranks, as vLLM's do.
     pub fn new(rule: StaleRule, frontends: u32, ranks: u32) -> StalePicker {
-        let n = frontends.max(1) as usize;
-        let start = (0..n).map(|i| ranks as usize * i / n).collect();
+        StalePicker::over(rule, Nodes::one(frontends, ranks))
+    }
+
+    /// An API server per frontend, split over nodes as `nodes` says; each
+    /// starts its scan at `M * index / K` of its node's `M` ranks (`index`
+    /// of its node's `K` API servers), as vLLM's do.
+    pub fn over(rule: StaleRule, nodes: Nodes) -> StalePicker {
+        let servers = nodes.servers();
+        let span: Vec<Range<usize>> = (0..servers)
+            .map(|a| {
+                let r = nodes.ranks_of(nodes.node_of(a));
+                r.start as usize..r.end as usize
+            })
+            .collect();
+        let per = nodes.per_node() as usize;
+        let start = (0..servers).map(|a| span[a as usize].len() * nodes.local_index(a) as usize / per).collect();
+        let n = servers as usize;
         StalePicker {
             rule: StaleRule { every: rule.every.max(1), ..rule },
             next: 0,
             copies: vec![Vec::new(); n],
             start,
+            span,
+            peers: vec![per as u64; n],
             own: vec![Vec::new(); n],
             placed: HashMap::new(),
         }
     }
 
     /// Frontend `f`'s pick for request `id` at `now` among ranks `0..ranks`
-    /// of `engines`. A request placed again (a retry) first lets go of its
-    /// earlier placement.
+    /// of `engines` (those of its node). A request placed again (a retry)
+    /// first lets go of its earlier placement.
     pub fn pick(&mut self, f: usize, id: u64, now: Micros, engines: &[SimEngine], ranks: u32) -> u32 {
         let n = (ranks as usize).min(engines.len()).max(1);
         if now >= self.next || self.copies[f].len() != n {
@@ -97,21 +127,25 @@ impl StalePicker {
             }
             self.next = (now / self.rule.every + 1) * self.rule.every;
         }
-        let s = self.start[f] % n;
+        // The frontend's node's ranks among the first `n`, never none.
+        let first = self.span[f].start.min(n - 1);
+        let m = self.span[f].end.min(n).saturating_sub(first).max(1);
+        let s = self.start[f] % m;
+        let scan = (0..m).map(|i| first + (s + i) % m);
         if !self.rule.guess {
             let score = |c: &Seen| 4 * c.waiting + c.running;
             let copy = &self.copies[f];
-            return (0..n).map(|i| (s + i) % n).min_by_key(|&r| (score(&copy[r]), (r + n - s) % n)).unwrap_or(0) as u32;
+            return scan.min_by_key(|&r| (score(&copy[r]), (r - first + m - s) % m)).unwrap_or(first) as u32;
         }
         self.finished(id);
-        let frontends = self.copies.len() as u64;
+        let frontends = self.peers[f];
         let own = &mut self.own[f];
         if own.len() < n {
             own.resize(n, 0);
         }
         let copy = &mut self.copies[f];
-        let (mut pick, mut best) = (s, f64::INFINITY);
-        for r in (0..n).map(|i| (s + i) % n) {
+        let (mut pick, mut best) = (first + s, f64::INFINITY);
+        for r in scan {
             let score = vllm_score(frontends, own[r], copy[r]);
             if score < best {
                 (pick, best) = (r, score);
@@ -120,7 +154,7 @@ impl StalePicker {
         copy[pick].waiting += frontends;
         own[pick] += 1;
         self.placed.insert(id, (f, pick));
-        self.start[f] = (s + 1) % n;
+        self.start[f] = (s + 1) % m;
         pick as u32
     }
 
@@ -203,5 +237,47 @@ mod tests {
         // A retry of request 3 lets go of its first placement.
         assert_eq!(p.pick(0, 3, 300, &idle, 2), 0);
         assert_eq!(p.own, [[1, 0]]);
+    }
+
+    fn by_node(servers: u32) -> StalePicker {
+        StalePicker::over(StaleRule { every: 100, guess: true }, Nodes::new(2, servers, 8))
+    }
+
+    #[test]
+    fn over_two_nodes_each_api_server_starts_on_its_node_and_counts_its_nodes_peers() {
+        let idle = engines(&[0; 8]);
+        // 2 API servers, one a node: each starts at its node's first rank.
+        let mut p = by_node(2);
+        assert_eq!((p.pick(0, 0, 0, &idle, 8), p.pick(1, 1, 0, &idle, 8)), (0, 4));
+        assert_eq!(p.copies[1][4].waiting, 1, "one API server on the node: K = 1");
+        // 4 API servers, two a node: local index 1 starts at 4 * 1 / 2 = 2 of its node's 4.
+        let mut p = by_node(4);
+        let first: Vec<u32> = (0..4).map(|a| p.pick(a, a as u64, 0, &idle, 8)).collect();
+        assert_eq!(first, [0, 2, 4, 6]);
+        assert_eq!((p.copies[2][4].waiting, p.own[2][4]), (2, 1), "K = 2 API servers on node 1");
+        // API server 2's next scan starts at rank 5; rank 4 scores max(2 * 1, 2) = 2 > 0.
+        assert_eq!(p.pick(2, 4, 10, &idle, 8), 5);
+    }
+
+    #[test]
+    fn over_two_nodes_vllm_never_places_outside_the_api_servers_node() {
+        // Node 0 busy, node 1 idle: node 0's API servers still pick among ranks 0-3.
+        let e = engines(&[9, 9, 9, 9, 0, 0, 0, 0]);
+        for servers in [2, 4] {
+            let mut p = by_node(servers);
+            let per = servers as usize / 2;
+            for id in 0..400u64 {
+                let a = id as usize % servers as usize;
+                let rank = p.pick(a, id, id * 7, &e, 8);
+                let node = if a < per { 0..4 } else { 4..8 };
+                assert!(node.contains(&rank), "API server {a} of {servers} placed on rank {rank}");
+                if id % 3 == 0 {
+                    p.finished(id);
+                }
+            }
+        }
+        let mut snapshot = StalePicker::over(StaleRule { every: 100, guess: false }, Nodes::new(2, 2, 8));
+        assert_eq!(snapshot.pick(0, 0, 0, &e, 8), 0, "the stale snapshot's rule keeps to the node too");
+        assert_eq!(snapshot.pick(1, 1, 0, &e, 8), 4);
     }
 }

@@ -229,16 +229,17 @@ impl Link {
     }
 
     /// One user placement for frontend `f`, with the prompt's token ids
-    /// if given, pinned to `pin` if given.
+    /// if given, pinned to `pin` if given, among ranks `among` if given.
     pub fn route(
         &mut self,
         f: usize,
         prompt_tokens: u32,
         tokens: Option<&[u32]>,
         pin: Option<u32>,
+        among: Option<&[u32]>,
     ) -> Result<Answer, NetError> {
         self.sync()?;
-        self.frontends[f % self.frontends.len()].route_prompt(prompt_tokens.into(), tokens, pin)
+        self.frontends[f % self.frontends.len()].route_prompt(prompt_tokens.into(), tokens, pin, among)
     }
 
     /// One probe placement, through the health or the route socket.

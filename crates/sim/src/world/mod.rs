@@ -24,6 +24,7 @@ use super::cluster::Cluster;
 use super::link::Link;
 use super::model::{Advance, Micros};
 use super::net::{Answer, NetError};
+use super::nodes::Nodes;
 use super::prompts::{Prompt, Source};
 use super::record::{bump, Death, Happened, Live, Recorder};
 pub use super::spec::{ArmSpec, CacheWeights, Handoff, Probe, Prompts};
@@ -76,6 +77,12 @@ struct World<'a> {
     cursor: u32,
     /// Frontends placing requests themselves from stale snapshots.
     local: Option<StalePicker>,
+    /// Over more than one node: how API servers and ranks split over them.
+    split: Option<Nodes>,
+    /// Over nodes: requests each frontend issued so far.
+    issued: Vec<u64>,
+    /// Over nodes: each request's API server, by id.
+    servers: Vec<u32>,
     rec: Recorder,
     queue: BinaryHeap<Reverse<(Micros, u64, Event)>>,
     seq: u64,
@@ -122,7 +129,10 @@ pub fn run(spec: &ArmSpec, link: &mut Link, stop: &AtomicBool, live: Option<&Liv
             .collect(),
         replays: shares.into_iter().map(|s| s.into_iter().map(|(_, p)| p).collect()).collect(),
         cursor: 0,
-        local: spec.prompts_of.local.map(|rule| StalePicker::new(rule, spec.frontends, spec.ranks)),
+        local: spec.prompts_of.local.map(|rule| StalePicker::over(rule, spec.split())),
+        split: Some(spec.split()).filter(|n| n.count() > 1),
+        issued: vec![0; n as usize],
+        servers: Vec::new(),
         rec: Recorder::new(spec.engines()),
         queue: BinaryHeap::new(),
         seq: 0,

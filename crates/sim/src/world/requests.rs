@@ -1,7 +1,8 @@
 //! A request's way from its frontend to an engine: issued (at an open-loop
 //! arrival, or when a closed-loop frontend's last one finished), placed (by
 //! the oracle, by the frontend itself from a stale snapshot, or by dpcoord's
-//! route socket), carried over the hop, then admitted by the engine or
+//! route socket; over nodes, by the API server the front balancer picked,
+//! among its node's ranks), carried over the hop, then admitted by the engine or
 //! retried (also when its frontend gives up on it after a timeout); under
 //! a delayed handoff, dpcoord's `pending` is checked against the truth
 //! before each placement.
@@ -58,6 +59,11 @@ impl World<'_> {
             content,
             cached: 0,
         });
+        if let Some(n) = self.split {
+            let nth = self.issued[f as usize];
+            self.issued[f as usize] += 1;
+            self.servers.push(n.server_for(f, nth));
+        }
         self.dispatch(id)
     }
 
@@ -80,16 +86,25 @@ impl World<'_> {
             }
             _ => None,
         };
+        // Over nodes, the request's API server asks, for its node's ranks only.
+        let (server, among) = match self.split {
+            Some(n) => {
+                let server = self.servers[id as usize];
+                (server, Some(n.ranks_of(n.node_of(server)).collect::<Vec<u32>>()))
+            }
+            None => (f, None),
+        };
         let pin = match (pin, &mut self.local) {
-            (None, Some(l)) => Some(l.pick(f as usize, id, self.now, &self.cluster.engines, self.link.ranks())),
+            (None, Some(l)) => Some(l.pick(server as usize, id, self.now, &self.cluster.engines, self.link.ranks())),
             (pin, _) => pin,
         };
         let tokens = content.as_ref().filter(|_| p.on_wire && pin.is_none()).map(|c| c.prompt());
         self.watch_death()?;
         self.watch_hang()?;
-        match self.link.route(f as usize, prompt, tokens, pin)? {
+        match self.link.route(server as usize, prompt, tokens, pin, among.as_deref())? {
             Answer::Rank(rank) => {
                 self.rec.placements[rank as usize] += 1;
+                self.rec.off_node += u64::from(among.as_ref().is_some_and(|m| !m.contains(&rank)));
                 for d in [&mut self.rec.death, &mut self.rec.hang].into_iter().flatten() {
                     d.placed(rank);
                 }
