@@ -8,7 +8,7 @@
 //! slice over its cap.
 
 use super::blocks::GpuKeys;
-use super::sizes::Shape;
+use super::sizes::{self, Shape};
 use super::{groups, keys, Applied, PrefixIndex, MAX_GROUP};
 use crate::engines::kv::{KvEvent, Medium, Stored};
 
@@ -78,7 +78,7 @@ impl PrefixIndex {
             };
             let left = budget - used;
             used += match ev {
-                KvEvent::Stored(st) => self.store_some(rank, st, at, left),
+                KvEvent::Stored(st) => self.store_some(rank, st, &events[at.event + 1..], at, left),
                 KvEvent::Removed { hashes, medium, group } => {
                     self.remove_some(rank, hashes, (*medium, *group), at, left)
                 }
@@ -120,15 +120,26 @@ impl PrefixIndex {
 
     /// What a `BlockStored` is, before its first block: `Err` counts it
     /// (and it is passed over), `Ok` sets `at` to index it.
-    fn start_store(&self, rank: u32, st: &Stored, at: &mut Progress) -> Result<(), fn(&mut Applied) -> &mut u64> {
+    /// `later` is the rest of the batch.
+    fn start_store(
+        &self,
+        rank: u32,
+        st: &Stored,
+        later: &[KvEvent],
+        at: &mut Progress,
+    ) -> Result<(), fn(&mut Applied) -> &mut u64> {
         let known = (st.group <= MAX_GROUP).then(|| self.sizes.group(rank, st.group)).flatten();
         let bs = known.map_or(st.block_size, |s| s.size);
         let (k, tokens) = (st.hashes.len(), st.tokens.len());
         // vLLM's partial block (a hybrid model's group whose blocks are
-        // larger than the hash block: a prompt ending inside a block makes
-        // the hash unit it ends on a cache entry of its own): held, so its
-        // removal is understood, never matched (a prefix of part of a block).
-        let partial = st.block_size < bs && bs % st.block_size == 0 && k == 1 && tokens == st.block_size as usize;
+        // larger than the hash block, the GCD of the groups' sizes: a prompt
+        // ending inside a block makes the hash unit it ends on a cache entry
+        // of its own): held, so its removal is understood, never matched (a
+        // prefix of part of a block).
+        let partial = st.block_size < bs
+            && k == 1
+            && tokens == st.block_size as usize
+            && self.hash_block(rank, st, bs, later) == u64::from(st.block_size);
         if partial {
             at.shape = Some(Shape::dense(st.group, st.block_size));
             (at.cut, at.learns, at.chain) = (0, false, keys::UNMATCHABLE);
@@ -176,6 +187,18 @@ impl PrefixIndex {
         Ok(())
     }
 
+    /// The GCD of `bs` and the sizes of the rank's other groups, learned or
+    /// stored later in the batch (vLLM publishes a step's stores of every
+    /// group in one batch): vLLM's hash block.
+    fn hash_block(&self, rank: u32, st: &Stored, bs: u32, later: &[KvEvent]) -> u64 {
+        let learned = self.sizes.groups(rank).iter().filter(|s| s.group != st.group).map(|s| s.size);
+        let stored = later.iter().filter_map(|ev| match ev {
+            KvEvent::Stored(o) if o.group != st.group => Some(o.block_size),
+            _ => None,
+        });
+        learned.chain(stored).fold(u64::from(bs), |g, s| sizes::gcd(g, u64::from(s)))
+    }
+
     /// The shape of a group whose store of `slots` blocks names fewer
     /// hashes: vLLM's sliding window beside groups of larger blocks keeps,
     /// of each run of `per` blocks (the groups' sizes' LCM), the last
@@ -194,12 +217,12 @@ impl PrefixIndex {
         Some(Shape { group: st.group, size, per: per as u32, need: need as u32 })
     }
 
-    fn store_some(&mut self, rank: u32, st: &Stored, at: &mut Progress, budget: usize) -> usize {
+    fn store_some(&mut self, rank: u32, st: &Stored, later: &[KvEvent], at: &mut Progress, budget: usize) -> usize {
         if at.block == 0 {
             // Any store of a group, indexed or not, makes the rank's hit the
             // least of its groups': what the group holds bounds it.
             self.groups.publish(rank, st.group);
-            if let Err(count) = self.start_store(rank, st, at) {
+            if let Err(count) = self.start_store(rank, st, later, at) {
                 *count(&mut at.applied) += 1;
                 at.next_event();
                 return 1;

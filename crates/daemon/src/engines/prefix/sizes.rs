@@ -77,7 +77,7 @@ pub struct BlockSizes {
     in_use: Vec<u32>,
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
+pub fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {
@@ -96,6 +96,11 @@ impl BlockSizes {
     /// until it stored a block (or since it was forgotten).
     pub fn of(&self, rank: u32) -> Option<u32> {
         self.per_rank.get(rank as usize).and_then(|g| g.first()).map(|s| s.size)
+    }
+
+    /// Rank `rank`'s groups learned, by group number.
+    pub fn groups(&self, rank: u32) -> &[Shape] {
+        self.per_rank.get(rank as usize).map_or(&[], Vec::as_slice)
     }
 
     /// Rank `rank`'s group `group`, once one of its blocks was indexed.

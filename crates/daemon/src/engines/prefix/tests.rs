@@ -153,11 +153,7 @@ fn the_block_size_is_learned_per_rank_and_only_from_an_applied_store() {
     assert_eq!((ix.rank_block_size(0), ix.rank_block_size(1)), (Some(4), Some(2)));
     assert_eq!(ix.block_sizes(), [4, 2], "one rank each: the lowest rank's first");
     assert_eq!(leading(&ix, &PROMPT), vec![0, 2]);
-    // A smaller one-block store is vLLM's partial block (a prompt ending
-    // inside a block): held, never matched, and rank 0 stays at 4.
-    let a = ix.apply(0, &[stored(&[11], None, &[1, 2])]);
-    assert_eq!((a.unmatchable, a.bad_event, ix.rank_block_size(0)), (1, 0, Some(4)));
-    assert_eq!(ix.apply(0, &[stored(&[12, 13], None, &[1, 2, 3, 4])]).bad_event, 1, "two blocks of 2: bad");
+    assert_eq!(ix.apply(0, &[stored(&[11], None, &[1, 2])]).bad_event, 1, "rank 0 stays at 4");
     // Its blocks cleared, the engine's size stays; forgotten (a restart, the
     // rank down), it is learned anew: the next engine may use another.
     ix.apply(0, &[KvEvent::Cleared]);
@@ -393,8 +389,13 @@ fn a_sliding_window_group_keeping_one_block_in_two_and_a_partial_block() {
     // A store whose hashes fit no window is held too; one without hashes is bad.
     let a = ix.apply(0, &[sized(1, 2, &[70], None, &[5; 8]), sized(1, 2, &[], None, &[5; 8])]);
     assert_eq!((a.unmatchable, a.bad_event), (1, 1));
-    // A rank of one group of 4 takes no store of 2 blocks for a sparse one.
+    // A rank of one group of 4 takes no store of 2 blocks for a sparse one,
+    // nor a one-block store of 2 for a partial block (vLLM hashes in 4).
     assert_eq!(ix.apply(1, &[sized(0, 4, &[80], None, &chain[..8])]).bad_event, 1);
+    assert_eq!(ix.apply(1, &[sized(0, 2, &[81], None, &chain[..2])]).bad_event, 1);
+    // Rank 0's groups of 4 and 2 learned: a partial block alone in its batch.
+    let a = ix.apply(0, &[sized(0, 2, &[31], Some(40), &[5, 5])]);
+    assert_eq!((a.unmatchable, a.bad_event), (1, 0));
 }
 
 /// A group of a third size: the hit is in multiples of the three sizes'
