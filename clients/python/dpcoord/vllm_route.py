@@ -94,9 +94,20 @@ SEAMS: tuple[tuple[str, str], ...] = (
 )
 
 #: the vLLM releases the hook is tested against (its support window: vLLM's last
-#: three minor releases), with a fingerprint (sha256 of the source, first 16 hex
-#: digits) of each method of :data:`SEAMS` in that release
+#: three minor releases; and 0.23.0, outside the window, the vLLM that vLLM Ascend
+#: 0.23.0 runs on), with a fingerprint (sha256 of the source, first 16 hex digits)
+#: of each method of :data:`SEAMS` in that release, as it runs in an API server
 TESTED: dict[str, dict[str, str]] = {
+    # vLLM Ascend 0.23.0's vLLM. Its platform plugin patches vLLM in the API server
+    # (vllm_ascend.patch.platform) but none of these methods: they are vLLM's own.
+    "0.23.0": {
+        "DPLBAsyncMPClient.get_core_engine_for_request": "123f6a22f856c9f1",
+        "DPAsyncMPClient.add_request_async": "e937266fd11defc5",
+        "DPAsyncMPClient.get_core_engine_for_request": "08b9afed2a24987e",
+        "AsyncMPClient.add_request_async": "1af4694c34b3a43e",
+        "OutputProcessor.abort_requests": "d6a984c0f87a525c",
+        "OutputProcessor.process_outputs": "3ebaa2ced63c59da",
+    },
     "0.32.0": {
         "DPLBAsyncMPClient.get_core_engine_for_request": "964adc43fd38ab32",
         "DPAsyncMPClient.add_request_async": "e937266fd11defc5",

@@ -263,6 +263,8 @@ def bring_up(daemon: Daemon, engines_factory, ranks: list[int], **kw: Any) -> En
 # --target``); ``DPCOORD_VLLM_HOME=<folder>`` runs the suite on that release
 # instead: the folder comes first on this process's path and its children's
 # (compat/test_vllm_window.py runs the hook's tests so on each release).
+# A folder that also holds vLLM Ascend (compat/ascend-releases.txt) runs it as vLLM
+# Ascend does in an API server: its platform plugin's patches first (compat/ascend.py).
 
 #: the environment this run started with (before a release folder was put on PYTHONPATH)
 BASE_ENV = dict(os.environ)
@@ -295,7 +297,11 @@ def real():
     import standins
 
     standins.install()
+    import ascend
+
     try:
+        if ascend.installed():  # vLLM as vLLM Ascend runs it: its platform's patches applied
+            ascend.start_api_server()
         mods = {
             name: importlib.import_module(name)
             for name in (

@@ -26,11 +26,15 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+#: where the answers go: vLLM logs to stdout (with vLLM Ascend, its platform plugin at INFO)
+ANSWERS, sys.stdout = sys.stdout, sys.stderr
+
 sys.path.insert(0, str(Path(__file__).parent))
 import standins  # noqa: E402
 
 standins.install()
 
+import ascend  # noqa: E402
 import vllm_engine  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.engine import FinishReason  # noqa: E402
@@ -41,10 +45,13 @@ def main() -> None:
     servers, index, dp, requests = (int(a) for a in sys.argv[1:5])
     node = [int(x) for x in sys.argv[5].split(":")] if len(sys.argv) > 5 else None
     ranks = list(range(node[0], node[0] + node[1])) if node else list(range(dp))
-    load_general_plugins()  # before vLLM's client modules are imported, as in `vllm serve`
     from dpcoord import vllm_route
 
-    assert vllm_route.HOOK is None
+    if ascend.installed():  # vLLM Ascend's platform patches, then every general plugin, as `vllm serve` there
+        ascend.start_api_server()
+    else:
+        load_general_plugins()  # before vLLM's client modules are imported, as in `vllm serve`
+        assert vllm_route.HOOK is None
     import vllm.v1.engine.async_llm  # noqa: F401 - what an API server imports: the hook goes in now
 
     assert vllm_route.HOOK is not None, "the hook was not installed"
@@ -77,7 +84,7 @@ def main() -> None:
                 it = stats.IterationStats()
                 it.finished_requests = [stats.FinishedRequestStats(finish_reason=FinishReason.STOP) for _ in range(n)]
                 adapter.record(stats.SchedulerStats(), it, engine_idx=engine)
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=ANSWERS, flush=True)
 
 
 if __name__ == "__main__":

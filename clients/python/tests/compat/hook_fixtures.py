@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import ascend
 from conftest import DEADLINE
 
 HERE = Path(__file__).parent
@@ -55,6 +56,8 @@ def hook(real, vllm_modules, monkeypatch, tmp_path):
             monkeypatch.delenv(name, raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
+        if ascend.installed():  # vLLM Ascend's own plugins ran once, at start-up (ascend.py)
+            monkeypatch.setenv("VLLM_PLUGINS", ascend.DPCOORD_PLUGINS)
         monkeypatch.setattr(vllm_modules["plugins"], "plugins_loaded", False)
         vllm_modules["plugins"].load_general_plugins()
         return vllm_route.HOOK

@@ -35,6 +35,13 @@ HEAVY = (
     "vllm._C",
     "vllm._moe_C",
     "vllm.vllm_flash_attn",
+    # vLLM Ascend (its platform plugin in an API server): the NPU build of torch, and
+    # what the vLLM modules its patches import need beyond the API server's usual
+    "torch_npu",
+    "einops",
+    "ijson",
+    "mistral_common",
+    "uvicorn",
 )
 
 

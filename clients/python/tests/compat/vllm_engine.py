@@ -98,12 +98,52 @@ def make_dplb_client(real_modules, dp_size: int, client_count: int = 1, client_i
         cache_config=SimpleNamespace(block_size=16),
         parallel_config=SimpleNamespace(data_parallel_size=dp_size, local_engines_only=node_ranks is not None),
     )
-    client.lb_engines = [[0, 0, 0.0] for _ in client.core_engines]
+    # vLLM 0.23 (vLLM Ascend's) keeps [waiting, running] per engine and no per-engine
+    # in-flight count; later releases [waiting, running, kv_cache_usage] and the count.
+    client.lb_engines = [[0, 0, 0.0] if KEEPS_INFLIGHT else [0, 0] for _ in client.core_engines]
     client.reqs_in_flight = {}
     client.streaming_reqs = set()
-    client.engine_inflight = collections.Counter()
+    client.engine_inflight = collections.Counter()  # vLLM 0.23 never reads it: see engine_inflight()
     client.eng_start_index = (len(ranks) * client_index) // client_count
     return client
+
+
+def _keeps_inflight() -> bool:
+    import inspect
+
+    return "engine_inflight" in inspect.getsource(_mod("vllm.v1.engine.core_client").DPLBAsyncMPClient.__init__)
+
+
+class _KeepsInflight:
+    """``KEEPS_INFLIGHT``: whether this vLLM's ``DPLBAsyncMPClient`` counts its requests
+    in flight per engine (``engine_inflight``, since vLLM 0.32), read once it is imported."""
+
+    def __bool__(self) -> bool:
+        return _keeps_inflight()
+
+
+KEEPS_INFLIGHT = _KeepsInflight()
+
+
+class _SessionAffinity:
+    """``SESSION_AFFINITY``: whether this vLLM's ``DPLBAsyncMPClient`` sends a
+    streaming-input session's later chunks to its first chunk's engine (since vLLM 0.32)."""
+
+    def __bool__(self) -> bool:
+        import inspect
+
+        return "session affinity" in inspect.getsource(_mod("vllm.v1.engine.core_client"))
+
+
+SESSION_AFFINITY = _SessionAffinity()
+
+
+def engine_inflight(client) -> "collections.Counter":
+    """The client's requests in flight per engine: vLLM's ``engine_inflight`` where it
+    keeps one, else counted from ``reqs_in_flight`` (vLLM 0.23)."""
+    if KEEPS_INFLIGHT:
+        return client.engine_inflight
+    return collections.Counter(client.reqs_in_flight.values())
 
 
 def make_external_lb_client(real_modules, rank: int, dp_size: int):
@@ -267,7 +307,8 @@ def make_hybrid_kv_cache_manager(real_modules, block_size: int = 16, num_blocks:
         config, max_model_len=max_model_len, scheduler_block_size=math.lcm(block_size, window_block_size),
         hash_block_size=hash_size, enable_caching=True, enable_kv_cache_events=True,
     )
-    assert type(manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+    # vLLM Ascend's platform patch (patch_kv_cache_coordinator) makes its own subclass
+    assert isinstance(manager.coordinator, _mod("vllm.v1.core.kv_cache_coordinator").HybridKVCacheCoordinator)
     manager.block_hasher = utils.get_request_block_hasher(hash_size, hash_fn)
     return manager
 
@@ -278,7 +319,7 @@ def schedule_prompt(real_modules, manager, request) -> Any:
     the rest, which caches its full blocks) and returns the engine-side ``Request``
     (still holding its blocks: ``manager.free(req)`` when it finishes)."""
     req = _mod("vllm.v1.request").Request.from_engine_core_request(request, manager.block_hasher)
-    blocks, hit_tokens, _ = manager.get_computed_blocks(req)
+    blocks, hit_tokens = manager.get_computed_blocks(req)[:2]  # vLLM 0.23 returns these two only
     new = manager.allocate_slots(req, req.num_tokens - hit_tokens, hit_tokens, blocks)
     assert new is not None, "the KV cache is full"
     req.num_computed_tokens = req.num_tokens
