@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import inspect
 import sys
+from types import SimpleNamespace
 
 import ascend
 
@@ -105,3 +106,14 @@ def test_a_hybrid_models_kv_cache_is_vllm_ascends_coordinator_over_vllms_block_p
     events = vllm_engine.kv_events_for_prompt(real, list(range(1, 129)), manager=manager)
     assert {type(e).__name__ for e in events} == {"BlockStored"}
     assert {e.block_size for e in events} == {32}
+
+
+def test_vllm_ascends_default_block_is_128_tokens(real):
+    """What an API server's config gets when no ``--block-size`` is given (vLLM Ascend's
+    ``refresh_block_size``, from ``NPUPlatform.check_and_update_config``); the engines'
+    KV events come in it, and test_vllm_route.py keys prompts in 128-token blocks."""
+    from vllm_ascend.utils import refresh_block_size
+
+    config = SimpleNamespace(cache_config=SimpleNamespace(block_size=None), scheduler_config=None, model_config=None)
+    refresh_block_size(config)
+    assert config.cache_config.block_size == 128

@@ -207,6 +207,7 @@ def test_a_node_of_a_multi_node_deployment_gets_its_own_ranks(real, hook, start_
 ENGINES = {
     "engines at 16": (16, lambda real, ve: ve.make_kv_cache_manager(real, 16)),
     "engines at 64": (64, lambda real, ve: ve.make_kv_cache_manager(real, 64)),
+    "engines at 128": (128, lambda real, ve: ve.make_kv_cache_manager(real, 128)),  # vLLM Ascend's default
     "engines at 16 x dcp 2": (32, lambda real, ve: ve.make_kv_cache_manager(real, 16, dcp=2)),
     "hybrid, two groups of 32": (32, lambda real, ve: ve.make_hybrid_kv_cache_manager(real, 32, sliding_window=64)),
 }
@@ -215,7 +216,7 @@ ENGINES = {
 @pytest.mark.parametrize("engines_kind", list(ENGINES))
 def test_a_prompt_goes_to_the_rank_holding_its_prefix(real, hook, start_daemon, engines, monkeypatch, engines_kind):
     """The API server's ``cache_config.block_size`` is 16; the engines' KV events come
-    in their own blocks: vLLM 0.34's default block is 64, decode-context parallelism
+    in their own blocks: vLLM 0.34's default block is 64, vLLM Ascend's 128, decode-context parallelism
     multiplies it, a hybrid model publishes each of its KV cache groups. The hook keys
     prompts in dpcoord's size, so every request goes to the rank holding its prefix."""
     import vllm_engine
