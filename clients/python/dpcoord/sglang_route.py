@@ -65,6 +65,7 @@ import zmq
 
 from . import _core, prefix
 from ._after_import import after_import
+from ._outcomes import Outcomes
 from .route_link import dealer
 
 log = logging.getLogger("dpcoord.sglang")
@@ -219,14 +220,11 @@ class Hook:
 
     def __init__(self, settings: RouteSettings):
         self.settings = settings
-        self.counts: Counter[str] = Counter()
+        self.outcomes = Outcomes(OUTCOMES, _metric(), log, "SGLang's own method", settings.endpoint)
+        self.counts, self.count = self.outcomes.counts, self.outcomes.count
         #: the link and the process it was made in (a forked child makes its own)
         self.link_of: tuple[int, SyncRouteLink | None] | None = None
         self.ids = itertools.count(1)
-        self.logged_at = 0.0
-        self.unlogged: Counter[str] = Counter()
-        metric = _metric()
-        self.metric = None if metric is None else {o: metric.labels(outcome=o) for o in OUTCOMES}
 
     def ask(self, controller: Any, req: Any) -> int | None:
         """dpcoord's rank for ``req``, or None (SGLang's own method decides)."""
@@ -301,20 +299,6 @@ class Hook:
         if self.link_of is not None and self.link_of[1] is not None and self.link_of[0] == os.getpid():
             self.link_of[1].close()
         self.link_of = None
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-        if self.metric is not None:
-            self.metric[outcome].inc()
-        if outcome in ("dpcoord", "pinned"):
-            return
-        self.unlogged[outcome] += 1
-        now = time.monotonic()
-        if now - self.logged_at >= 1.0:
-            self.logged_at = now
-            what = ", ".join(f"{n} {k}" for k, n in sorted(self.unlogged.items()))
-            self.unlogged.clear()
-            log.warning("dpcoord: requests placed by SGLang's own method since the last report: %s (%s)", what, self.settings.endpoint)
 
 
 def _unusable(controller: Any, rank: int) -> str | None:

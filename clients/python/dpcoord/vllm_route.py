@@ -68,13 +68,13 @@ import inspect
 import logging
 import os
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from . import _core, prefix
 from ._after_import import after_import
+from ._outcomes import Outcomes
 from .ledger import TALLY
 from .route_link import RouteLink
 
@@ -229,7 +229,8 @@ class Hook:
     def __init__(self, settings: RouteSettings, late_interaction: Callable[[Any, int], int | None]):
         self.settings = settings
         self.late_interaction = late_interaction
-        self.counts: Counter[str] = Counter()
+        self.outcomes = Outcomes(OUTCOMES, _metric(), log, "vLLM's own rule", settings.endpoint)
+        self.counts, self.count = self.outcomes.counts, self.outcomes.count
         self.links: dict[asyncio.AbstractEventLoop, RouteLink | None] = {}
         #: request id -> the index of the engine dpcoord chose, from its answer until vLLM's method takes it
         self.chosen: dict[str, int] = {}
@@ -240,12 +241,8 @@ class Hook:
         #: the requests awaiting dpcoord's answer, and those of them aborted meanwhile
         self.routing: set[str] = set()
         self.aborted_in_route: set[str] = set()
-        self.logged_at = 0.0
-        self.unlogged: Counter[str] = Counter()
         #: placements withdrawn because vLLM did not use them, per rank
         self.withdrawn: Counter[int] = Counter()
-        metric = _metric()
-        self.metric = None if metric is None else {o: metric.labels(outcome=o) for o in OUTCOMES}
         #: whether the endpoint could not be connected to (said once, never tried again)
         self.bad_endpoint = False
         #: the link made now, so it is connected before the first request; the first
@@ -372,20 +369,6 @@ class Hook:
             return None
         link.on_late = lambda rank: self.withdraw(link, rank)
         return link
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-        if self.metric is not None:
-            self.metric[outcome].inc()
-        if outcome in ("dpcoord", "pinned"):
-            return
-        self.unlogged[outcome] += 1
-        now = time.monotonic()
-        if now - self.logged_at >= 1.0:
-            self.logged_at = now
-            what = ", ".join(f"{n} {k}" for k, n in sorted(self.unlogged.items()))
-            self.unlogged.clear()
-            log.warning("dpcoord: requests placed by vLLM's own rule since the last report: %s (%s)", what, self.settings.endpoint)
 
 
 def local_index(client: Any, rank: int) -> int | None:
