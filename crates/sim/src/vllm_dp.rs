@@ -84,24 +84,27 @@ fn verdict(arms: &[ArmResult], lead: &str) -> String {
         let Some(vllm) = at(ARMS[0]) else { continue };
         for arm in &ARMS[1..] {
             let Some(d) = at(arm) else { continue };
-            let _ = writeln!(
-                out,
-                "{lead}{k} API servers, {arm} vs vllm-rule: input tok/s {} vs {} (x{:.2}), ttft p50 {} vs {} ms, \
-                 p99 {} vs {} ms (x{:.2}), hit {:.1} vs {:.1} %",
-                thousands(d.input_tps().round() as u64),
-                thousands(vllm.input_tps().round() as u64),
-                ratio(d.input_tps(), vllm.input_tps()),
-                ms(d.ttft_p50),
-                ms(vllm.ttft_p50),
-                ms(d.ttft_p99),
-                ms(vllm.ttft_p99),
-                ratio(d.ttft_p99 as f64, vllm.ttft_p99 as f64),
-                d.hit_rate() * 100.0,
-                vllm.hit_rate() * 100.0
-            );
+            let _ = writeln!(out, "{lead}{k} API servers, {arm} vs vllm-rule: {}", versus(d, vllm));
         }
     }
     out
+}
+
+/// Run `a` against run `b`: input tok/s, TTFT p50 and p99, hit rate.
+fn versus(a: &ArmResult, b: &ArmResult) -> String {
+    format!(
+        "input tok/s {} vs {} (x{:.2}), ttft p50 {} vs {} ms, p99 {} vs {} ms (x{:.2}), hit {:.1} vs {:.1} %",
+        thousands(a.input_tps().round() as u64),
+        thousands(b.input_tps().round() as u64),
+        ratio(a.input_tps(), b.input_tps()),
+        ms(a.ttft_p50),
+        ms(b.ttft_p50),
+        ms(a.ttft_p99),
+        ms(b.ttft_p99),
+        ratio(a.ttft_p99 as f64, b.ttft_p99 as f64),
+        a.hit_rate() * 100.0,
+        b.hit_rate() * 100.0
+    )
 }
 
 /// What the split over `nodes` costs each arm at each number of API
@@ -112,21 +115,7 @@ fn node_verdict(one: &[ArmResult], split: &[ArmResult], nodes: u32) -> String {
     for k in API_SERVERS {
         for arm in ARMS {
             let (Some(o), Some(s)) = (find(one, arm, k), find(split, arm, k)) else { continue };
-            let _ = writeln!(
-                out,
-                "{k} API servers, {arm} on {nodes} nodes vs 1: input tok/s {} vs {} (x{:.2}), ttft p50 {} vs {} ms, \
-                 p99 {} vs {} ms (x{:.2}), hit {:.1} vs {:.1} %",
-                thousands(s.input_tps().round() as u64),
-                thousands(o.input_tps().round() as u64),
-                ratio(s.input_tps(), o.input_tps()),
-                ms(s.ttft_p50),
-                ms(o.ttft_p50),
-                ms(s.ttft_p99),
-                ms(o.ttft_p99),
-                ratio(s.ttft_p99 as f64, o.ttft_p99 as f64),
-                s.hit_rate() * 100.0,
-                o.hit_rate() * 100.0
-            );
+            let _ = writeln!(out, "{k} API servers, {arm} on {nodes} nodes vs 1: {}", versus(s, o));
         }
     }
     out.push_str(&verdict(split, &format!("{nodes} nodes, ")));
