@@ -5,7 +5,7 @@
     python3 deploy/check.py metrics FILE      # names used by rules and dashboard exist in FILE
     python3 deploy/check.py context DIR       # copy the Docker build context (.dockerignore applied)
     python3 deploy/check.py targets JSON      # every target in `cargo metadata` output has its source
-    python3 deploy/check.py prometheusrule    # print deploy/kubernetes/prometheusrule.yaml, made from
+    python3 deploy/check.py prometheusrule    # print deploy/kubernetes/base/prometheusrule.yaml, made from
                                               # deploy/prometheus/dpcoord.rules.yml
 
 `files` parses every YAML and JSON file under deploy/ and checks that the
@@ -40,7 +40,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-K8S = DEPLOY / "kubernetes"
+K8S = DEPLOY / "kubernetes" / "base"
 PROM = DEPLOY / "prometheus"
 
 problems: list[str] = []
@@ -135,7 +135,7 @@ def check_kubernetes(docs: dict[Path, list], ports: dict[str, int], image_uid: s
     listed = set(kust.get("resources", []))
     present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     if listed != present:
-        problem("deploy/kubernetes/kustomization.yaml", f"resources {sorted(listed)} != files {sorted(present)}")
+        problem("deploy/kubernetes/base/kustomization.yaml", f"resources {sorted(listed)} != files {sorted(present)}")
 
     by_kind: dict[str, list[tuple[Path, dict]]] = {}
     for p, ds in docs.items():
@@ -152,7 +152,7 @@ def check_kubernetes(docs: dict[Path, list], ports: dict[str, int], image_uid: s
     def one(kind: str) -> tuple[Path, dict] | tuple[None, None]:
         found = by_kind.get(kind, [])
         if len(found) != 1:
-            problem("deploy/kubernetes", f"expected one {kind}, found {len(found)}")
+            problem("deploy/kubernetes/base", f"expected one {kind}, found {len(found)}")
             return None, None
         return found[0]
 
@@ -255,7 +255,7 @@ def check_kubernetes(docs: dict[Path, list], ports: dict[str, int], image_uid: s
         problem(
             rel(rp),
             "is not what deploy/prometheus/dpcoord.rules.yml makes: "
-            "python3 deploy/check.py prometheusrule > deploy/kubernetes/prometheusrule.yaml",
+            "python3 deploy/check.py prometheusrule > deploy/kubernetes/base/prometheusrule.yaml",
         )
 
 

@@ -49,7 +49,7 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
-/// `resources.limits.memory` of deploy/kubernetes/deployment.yaml: the
+/// `resources.limits.memory` of deploy/kubernetes/base/deployment.yaml: the
 /// default `limits.memory_budget_bytes` (480 MiB) and 32 MiB for the
 /// process itself.
 pub const LIMIT_KIB: u64 = 512 * 1024;
