@@ -3,7 +3,7 @@
 //! `cargo bench --bench dpcoord [-- PART...]` runs the full benchmark (cargo
 //! passes `--bench`) and prints one table per part plus a table of targets.
 //! Parts: `transport`, `decision`, `ingest`, `memory`, `prefix`, `heavy`,
-//! `health_flood`, `gateway`, `gateway_prompt`; a filter selects the
+//! `health_flood`, `gateway`, `gateway_prompt`, `proxy`; a filter selects the
 //! parts whose name contains it. Without `--bench` (as `cargo test
 //! --all-targets` runs it) every part does a tiny bounded smoke run instead,
 //! about a second in all, and no target is judged.
@@ -22,6 +22,7 @@ mod heavy;
 mod ingest;
 mod memory;
 mod prefix;
+mod proxy;
 mod report;
 mod support;
 mod transport;
@@ -40,7 +41,7 @@ pub enum Mode {
 /// One benchmark part: it prints its table and records its targets.
 type Part = fn(Mode, &mut Report);
 
-const PARTS: [(&str, Part); 9] = [
+const PARTS: [(&str, Part); 10] = [
     ("transport", transport::run),
     ("decision", decision::run),
     ("ingest", ingest::run),
@@ -50,6 +51,7 @@ const PARTS: [(&str, Part); 9] = [
     ("health_flood", health_flood::run),
     ("gateway", gateway::run),
     ("gateway_prompt", gateway_prompt::run),
+    ("proxy", proxy::run),
 ];
 
 fn main() {
