@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use dpcoord::config::keys::StrKey;
 use dpcoord::config::{self, Config, ConfigError, LogFormat};
 use dpcoord::io::daemon::Daemon;
 use dpcoord::io::reload::ConfigSource;
@@ -39,6 +41,10 @@ enum Cmd {
     },
     /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
     Probe(dpcoord::io::probe::ProbeArgs),
+    /// Serve an OpenAI-compatible proxy in front of one server per rank (vLLM or vLLM Ascend with
+    /// external data parallelism, SGLang, any OpenAI-compatible engine): each request goes to the rank
+    /// dpcoord picks. Takes the daemon's flags too (`--policy`, ...).
+    Proxy(ProxyArgs),
     #[cfg(feature = "sim")]
     /// Run 8 simulated engines, frontends and a health prober in three phases (a stale snapshot,
     /// vLLM's rule, then through dpcoord), showing dpcoord's live table.
@@ -48,9 +54,29 @@ enum Cmd {
     Sim(dpcoord_sim::SimArgs),
 }
 
+/// `dpcoord proxy`'s own arguments; the daemon's flags are added by [`command_line`].
+#[derive(clap::Args, Debug, Clone)]
+struct ProxyArgs {
+    /// TOML config file; flags and the arguments below override its values.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where the proxy listens (server.proxy_bind).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8000")]
+    listen: String,
+    /// Each rank's server, `http://HOST:PORT` or `HOST:PORT`, in rank order: sets engines.dp_size and
+    /// gateway.endpoints, and, unless a load source is configured (`--vllm-metrics-url`,
+    /// `--sglang-load-connect`, `--stats-connect`), each server's /metrics is read as vLLM's. None: the config
+    /// file's gateway.endpoints.
+    #[arg(value_name = "SERVER")]
+    servers: Vec<String>,
+}
+
+/// The name of the subcommand that also takes the daemon's flags.
+const PROXY: &str = "proxy";
+
 /// Parses the command line: the command's own arguments and the config flags.
 fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
-    let mut cmd = Cli::command().args(config::flags());
+    let mut cmd = Cli::command().args(config::flags()).mut_subcommand(PROXY, |s| s.args(config::flags()));
     let matches = cmd.try_get_matches_from_mut(std::env::args_os()).map_err(|e| with_values(e, &cmd))?;
     if let Some(sub) = matches.subcommand_name() {
         // The daemon's flags before a subcommand would be silently ignored.
@@ -96,14 +122,28 @@ fn with_values(mut e: clap::Error, cmd: &clap::Command) -> clap::Error {
     e
 }
 
-/// The file's table with every given flag folded in.
-fn table(config: Option<&PathBuf>, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
-    let mut t = match config {
-        Some(path) => config::read_file(path)?,
-        None => toml::Table::new(),
-    };
-    config::fold_flags(matches, &mut t);
-    Ok(t)
+/// Where the configuration is read from, at start and again on a reload:
+/// the file, the flags, and `dpcoord proxy`'s arguments.
+#[derive(Clone)]
+struct Sources {
+    config: Option<PathBuf>,
+    matches: ArgMatches,
+    proxy: Option<ProxyArgs>,
+}
+
+impl Sources {
+    /// The file's table with every given flag (and proxy argument) folded in.
+    fn table(&self) -> Result<toml::Table, ConfigError> {
+        let mut t = match &self.config {
+            Some(path) => config::read_file(path)?,
+            None => toml::Table::new(),
+        };
+        config::fold_flags(&self.matches, &mut t);
+        if let Some(p) = &self.proxy {
+            config::fold_proxy_args(&mut t, &p.listen, &p.servers)?;
+        }
+        Ok(t)
+    }
 }
 
 fn init_logging(format: LogFormat) {
@@ -159,6 +199,18 @@ fn bind_failed(e: impl std::fmt::Display, config: bool) -> Failed {
     Failed { why: e.to_string(), code: if config { 2 } else { 1 } }
 }
 
+/// A gateway front's listener, bound before the daemon starts (a busy port
+/// stops the start, naming `key`); `None` when the front is off.
+fn listen(bind: Option<std::net::SocketAddr>, key: &StrKey) -> Result<Option<std::net::TcpListener>, Failed> {
+    let Some(addr) = bind else { return Ok(None) };
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        let why = format!("cannot listen on {addr} ({}): {e}", key.key.path());
+        bind_failed(why, ipc::listen_is_config_error(&e))
+    })?;
+    listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    Ok(Some(listener))
+}
+
 /// Serves until a signal or the coordinator's end.
 fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     init_logging(cfg.server.log_format);
@@ -168,20 +220,15 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let listener =
         http::bind(cfg.server.metrics_bind).map_err(|e| bind_failed(&e, ipc::listen_is_config_error(&e.source)))?;
-    let epp = match cfg.server.epp_bind {
-        Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| {
-            let why = format!("cannot listen on {addr} ({}): {e}", dpcoord::config::keys::EPP_BIND.key.path());
-            bind_failed(why, ipc::listen_is_config_error(&e))
-        })?),
-        None => None,
-    };
+    let epp = listen(cfg.server.epp_bind, &dpcoord::config::keys::EPP_BIND)?;
+    let proxy = listen(cfg.server.proxy_bind, &dpcoord::config::keys::PROXY_BIND)?;
     // The model's tokenizer is read before anything serves: a file that
     // does not load stops the start, naming its key.
-    let prompts = match cfg.server.epp_bind {
-        Some(_) => Some(dpcoord::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
+    let prompts = match cfg.server.front() {
+        Some(_) => Some(Arc::new(dpcoord::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
             // A configuration error: the exit code of one.
             Failed { why: format!("{}: {e}", dpcoord::config::keys::GATEWAY_TOKENIZER.key.path()), code: 2 }
-        })?),
+        })?)),
         None => None,
     };
     let daemon = Daemon::start(&cfg, source).map_err(|e| {
@@ -191,18 +238,27 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     })?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
-    let picker = match (epp, daemon.bridge.clone(), prompts) {
-        (Some(l), Some(bridge), Some(prompts)) => {
+    let decider = |metrics: &dpcoord::gateway::metrics::GatewayMetrics| {
+        let (bridge, prompts) = (daemon.bridge.clone()?, prompts.clone()?);
+        let max_query = cfg.settings.limits.max_message_bytes;
+        Some(dpcoord::gateway::decider(bridge, daemon.published.clone(), metrics.clone(), prompts, max_query))
+    };
+    let picker = match (epp, decider(&daemon.gateway_metrics)) {
+        (Some(l), Some(decider)) => {
             tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            Some(dpcoord::gateway::spawn(
-                rt.handle(),
-                l,
-                bridge,
-                daemon.published.clone(),
-                daemon.gateway_metrics.clone(),
-                prompts,
-                cfg.settings.limits.max_message_bytes,
-            ))
+            Some(dpcoord::gateway::spawn(rt.handle(), l, decider))
+        }
+        _ => None,
+    };
+    let proxy = match (proxy, decider(&daemon.proxy_metrics)) {
+        (Some(l), Some(decider)) => {
+            tracing::info!(
+                proxy = %l.local_addr().map_or(String::new(), |a| a.to_string()),
+                max_connections = daemon.proxy_conns.max_connections,
+                "proxy serving"
+            );
+            let (limits, conns) = (cfg.server.proxy, daemon.proxy_conns);
+            Some(dpcoord::gateway::proxy::spawn(rt.handle(), l, decider, limits, conns, &daemon.registry))
         }
         _ => None,
     };
@@ -210,9 +266,20 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
     }
-    if let Some(p) = picker {
-        rt.block_on(p.stop());
-    }
+    // The fronts first, while the coordinator still books their requests' ends.
+    rt.block_on(async {
+        let picker = async {
+            if let Some(p) = picker {
+                p.stop().await;
+            }
+        };
+        let proxy = async {
+            if let Some(p) = proxy {
+                p.stop().await;
+            }
+        };
+        tokio::join!(picker, proxy)
+    });
     // Both wind down at once, so shutdown takes the longer of the two, not the sum.
     let (web, coordinator) =
         rt.block_on(async { tokio::join!(web.stop(), tokio::task::spawn_blocking(move || daemon.stop())) });
@@ -226,12 +293,23 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
 
 /// Reads the configuration again as at start: the same file, the same
 /// flags. Without a file there is nothing to re-read: a reload is refused.
-fn reloader(config: Option<PathBuf>, matches: ArgMatches) -> ConfigSource {
-    match config {
-        Some(path) => ConfigSource::new(path.display().to_string(), move || {
-            table(Some(&path), &matches).and_then(Config::from_table)
-        }),
+fn reloader(sources: Sources) -> ConfigSource {
+    match sources.config.clone() {
+        Some(path) => {
+            ConfigSource::new(path.display().to_string(), move || sources.table().and_then(Config::from_table))
+        }
         None => ConfigSource::none(),
+    }
+}
+
+/// Serves the daemon on the configuration `sources` give.
+fn run(sources: Sources) -> ExitCode {
+    match sources.table().and_then(Config::from_table) {
+        Ok(cfg) => match serve(cfg, reloader(sources)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(Failed { why, code }) => fail(why, ExitCode::from(code)),
+        },
+        Err(e) => fail(e, ExitCode::from(2)),
     }
 }
 
@@ -270,12 +348,12 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e, ExitCode::from(2)),
         },
-        None => match table(cli.config.as_ref(), &matches).and_then(Config::from_table) {
-            Ok(cfg) => match serve(cfg, reloader(cli.config.clone(), matches)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(Failed { why, code }) => fail(why, ExitCode::from(code)),
-            },
-            Err(e) => fail(e, ExitCode::from(2)),
-        },
+        Some(Cmd::Proxy(args)) => {
+            let matches = matches.subcommand_matches(PROXY).cloned().unwrap_or_default();
+            // `dpcoord --config FILE proxy ...` reads FILE as well.
+            let config = args.config.clone().or_else(|| cli.config.clone());
+            run(Sources { config, matches, proxy: Some(args.clone()) })
+        }
+        None => run(Sources { config: cli.config.clone(), matches, proxy: None }),
     }
 }

@@ -37,6 +37,7 @@ mod operations;
 mod own_rank;
 mod peer_cap;
 mod probe;
+mod proxy;
 mod reliability_faults;
 mod reliability_flood;
 mod reliability_limits;

@@ -70,9 +70,10 @@ mod daemon;
 mod engines;
 mod http;
 mod messages;
+mod openai;
 mod peers;
 mod process;
 
 // Each test file uses a different part of the harness, so some re-exports go unused in each.
 #[allow(unused_imports)]
-pub use {daemon::*, engines::*, http::*, messages::*, peers::*, process::*};
+pub use {daemon::*, engines::*, http::*, messages::*, openai::*, peers::*, process::*};

@@ -1,5 +1,5 @@
-//! The four binds (`server.route_bind`, `health_bind`, `stats_bind`,
-//! `metrics_bind`) must not take the same endpoint: the second bind would
+//! The binds (`server.route_bind`, `health_bind`, `stats_bind`,
+//! `metrics_bind`, `epp_bind`, `proxy_bind`) must not take the same endpoint: the second bind would
 //! fail at start-up (a TCP port, an ipc:// path), or, for an ipc:// path,
 //! libzmq would unlink the first socket's file and take it over. A clash is
 //! a config error naming both keys.
@@ -79,6 +79,11 @@ pub(super) fn check_distinct(s: &Server) -> Result<(), ConfigError> {
         binds.push((keys::STATS_BIND.key.path(), stats.clone(), place_of_endpoint(stats)));
     }
     binds.push((keys::METRICS_BIND.key.path(), s.metrics_bind.to_string(), place_of_socket(s.metrics_bind)));
+    for (key, bind) in [(&keys::EPP_BIND, s.epp_bind), (&keys::PROXY_BIND, s.proxy_bind)] {
+        if let Some(addr) = bind {
+            binds.push((key.key.path(), addr.to_string(), place_of_socket(addr)));
+        }
+    }
     for (i, (key, value, place)) in binds.iter().enumerate() {
         if let Some((first, taken, _)) = binds[..i].iter().find(|(_, _, p)| clash(p, place)) {
             let same = if taken == value { String::new() } else { format!(" (`{taken}`)") };

@@ -18,6 +18,9 @@ pub const PEER_BYTES: u64 = 40 << 10;
 pub const SESSION_BYTES: u64 = 128;
 /// An HTTP connection at its header limit, with its buffers.
 pub const HTTP_CONNECTION_BYTES: u64 = 64 << 10;
+/// A request through the proxy: the client's connection and the one to the
+/// rank's server, each at its buffer limit (`gateway/proxy/`).
+pub const PROXY_STREAM_BYTES: u64 = 2 * HTTP_CONNECTION_BYTES;
 /// What a connection to a stats or SGLang load source may queue.
 pub const SOURCE_LINK_BYTES: u64 = 2 << 20;
 /// What a KV publisher's SUB, and its replay DEALER, may queue: at the
@@ -44,6 +47,9 @@ pub struct Budget {
     pub peers: u64,
     /// HTTP connections, at `server.http_max_connections`.
     pub http: u64,
+    /// The proxy's connections at `proxy.max_connections`, and its request
+    /// bodies at `proxy.max_buffered_bytes` (0 with the proxy off).
+    pub proxy: u64,
     /// The session table, full.
     pub sessions: u64,
     /// The queues of the sources dpcoord connects to, the KV decoder's
@@ -57,10 +63,11 @@ pub struct Budget {
 
 impl Budget {
     /// The parts as `(name, bytes)`, as metrics and `check-config` show them.
-    pub fn parts(&self) -> [(&'static str, u64); 6] {
+    pub fn parts(&self) -> [(&'static str, u64); 7] {
         [
             ("peers", self.peers),
             ("http", self.http),
+            ("proxy", self.proxy),
             ("sessions", self.sessions),
             ("sources", self.sources),
             ("events_index", self.events_index),
@@ -74,6 +81,12 @@ impl Budget {
         let caps = &server.peers;
         let peers = (u64::from(caps.route) + u64::from(caps.health) + u64::from(caps.stats)) * PEER_BYTES;
         let http = server.http.max_connections as u64 * HTTP_CONNECTION_BYTES;
+        let proxy = match server.proxy_bind {
+            Some(_) => {
+                server.proxy.max_connections as u64 * PROXY_STREAM_BYTES + server.proxy.max_buffered_bytes as u64
+            }
+            None => 0,
+        };
         let sessions = settings.routing.sessions.capacity as u64 * SESSION_BYTES;
         let links = (server.stats_connect.len() + server.sglang_load_connect.len()) as u64;
         let links = links * link_bytes(SOURCE_LINK_BYTES, 5, settings.limits.max_message_bytes);
@@ -84,18 +97,19 @@ impl Budget {
             n => n * link_bytes(KV_LINK_BYTES, 2, settings.kv.max_batch_bytes) + 2 * batch + REPLAY_BUFFER_BYTES,
         };
         let sources = links + kv;
-        let reserved = peers + http + sessions + sources;
+        let reserved = peers + http + proxy + sessions + sources;
         let left = total.saturating_sub(reserved);
         if left < MIN_INDEX_BYTES {
             return Err(format!(
                 "{total} bytes leave the prefix indexes {left}, under {MIN_INDEX_BYTES}: peers at their caps \
-                 reserve {peers}, HTTP connections {http}, the session table {sessions}, the sources {sources}; \
+                 reserve {peers}, HTTP connections {http}, the proxy {proxy}, the session table {sessions}, \
+                 the sources {sources}; \
                  raise it to at least {} or lower those caps",
                 reserved + MIN_INDEX_BYTES
             ));
         }
         let approx_index = left / 4;
-        Ok(Budget { total, peers, http, sessions, sources, events_index: left - approx_index, approx_index })
+        Ok(Budget { total, peers, http, proxy, sessions, sources, events_index: left - approx_index, approx_index })
     }
 }
 

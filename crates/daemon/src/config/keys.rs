@@ -119,9 +119,10 @@ const PENALTY: &str = "penalty";
 const LIMITS: &str = "limits";
 const KV_EVENTS: &str = "kv_events";
 const GATEWAY: &str = "gateway";
+const PROXY: &str = "proxy";
 
 /// The sections of a config file, in file order.
-pub const SECTIONS: [&str; 7] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS, KV_EVENTS, GATEWAY];
+pub const SECTIONS: [&str; 8] = [SERVER, ENGINES, ROUTING, PENALTY, LIMITS, KV_EVENTS, GATEWAY, PROXY];
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 86_400_000;
@@ -171,6 +172,8 @@ pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow"
 pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
 /// The gateway endpoint picker's gRPC listener (Envoy ext_proc); "" = off.
 pub const EPP_BIND: StrKey = StrKey { key: Key::new(SERVER, "epp_bind"), default: "" };
+/// The proxy's HTTP listener (OpenAI-compatible, one server per rank); "" = off.
+pub const PROXY_BIND: StrKey = StrKey { key: Key::new(SERVER, "proxy_bind"), default: "" };
 /// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
 pub const IPC_MODE: StrKey = StrKey { key: Key::new(SERVER, "ipc_mode"), default: "" };
 /// Concurrent HTTP connections; at most a quarter of the file descriptors
@@ -353,8 +356,24 @@ pub const GATEWAY_TOKENIZER: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer
 /// Its tokenizer_config.json, for the chat template; "" = none.
 pub const GATEWAY_TOKENIZER_CONFIG: StrKey = StrKey { key: Key::new(GATEWAY, "tokenizer_config"), default: "" };
 
+/// Client connections the proxy serves at once; at most a sixteenth of the
+/// file descriptors is taken whatever this says (as many again go to the
+/// ranks' servers).
+pub const PROXY_MAX_CONNECTIONS: IntKey =
+    IntKey { key: Key::new(PROXY, "max_connections"), default: 1024, min: 1, max: 1 << 20 };
+/// Request bodies the proxy holds at once, all requests together.
+pub const PROXY_MAX_BUFFERED_BYTES: IntKey =
+    IntKey { key: Key::new(PROXY, "max_buffered_bytes"), default: 64 << 20, min: 1 << 20, max: 1 << 36 };
+/// How long a request body may take to arrive, from its head.
+pub const PROXY_BODY_TIMEOUT_MS: IntKey =
+    IntKey { key: Key::new(PROXY, "body_timeout_ms"), default: 30_000, min: 10, max: HOUR_MS };
+/// How long a connection to a rank's server may take before the next-best
+/// rank is tried.
+pub const PROXY_CONNECT_TIMEOUT_MS: IntKey =
+    IntKey { key: Key::new(PROXY, "connect_timeout_ms"), default: 1000, min: 10, max: 60_000 };
+
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 68] = [
+pub const ALL: [AnyKey; 73] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
@@ -423,4 +442,9 @@ pub const ALL: [AnyKey; 68] = [
     AnyKey::Int(&GATEWAY_SHED_WAITING),
     AnyKey::Str(&GATEWAY_TOKENIZER),
     AnyKey::Str(&GATEWAY_TOKENIZER_CONFIG),
+    AnyKey::Str(&PROXY_BIND),
+    AnyKey::Int(&PROXY_MAX_CONNECTIONS),
+    AnyKey::Int(&PROXY_MAX_BUFFERED_BYTES),
+    AnyKey::Int(&PROXY_BODY_TIMEOUT_MS),
+    AnyKey::Int(&PROXY_CONNECT_TIMEOUT_MS),
 ];

@@ -19,13 +19,16 @@ mod flags;
 pub mod keys;
 mod parse;
 mod policy;
+mod proxy_args;
 pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
 pub use parse::check_endpoint;
 use parse::{
-    parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_routing, parse_server, section,
+    parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_proxy, parse_routing,
+    parse_server, section,
 };
+pub use proxy_args::fold_proxy_args;
 
 /// A config problem, rendered as one line naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +97,29 @@ pub struct Server {
     pub kv_topic: String,
     /// The gateway endpoint picker's gRPC listener (`server.epp_bind`); `None`: off.
     pub epp_bind: Option<SocketAddr>,
+    /// The proxy's HTTP listener (`server.proxy_bind`); `None`: off.
+    pub proxy_bind: Option<SocketAddr>,
+    /// The proxy's bounds (`[proxy]`).
+    pub proxy: ProxyLimits,
+}
+
+impl Server {
+    /// The key of the gateway front that is on (which needs
+    /// `gateway.endpoints`), the picker's first; `None` when neither is.
+    pub fn front(&self) -> Option<String> {
+        let on = [(self.epp_bind, &keys::EPP_BIND), (self.proxy_bind, &keys::PROXY_BIND)];
+        on.into_iter().find(|(bind, _)| bind.is_some()).map(|(_, k)| k.key.path())
+    }
+}
+
+/// What the proxy holds at most and waits for (`[proxy]`, fixed for the
+/// process's life).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProxyLimits {
+    pub max_connections: usize,
+    pub max_buffered_bytes: usize,
+    pub body_timeout: Duration,
+    pub connect_timeout: Duration,
 }
 
 /// How the gateway endpoint picker names ranks to the gateway (`[gateway]`).
@@ -354,6 +380,7 @@ impl Config {
                 ),
             ));
         }
+        server.proxy = parse_proxy(section(&root, "proxy")?)?;
         let limits = parse_limits(section(&root, "limits")?)?;
         keys::check_query_work(engines.dp_size, limits.max_batch).map_err(|p| err(keys::MAX_BATCH.key.path(), p))?;
         let engines_dp = engines.dp_size;
@@ -364,8 +391,17 @@ impl Config {
             limits,
             kv,
             memory: Budget::default(),
-            gateway: parse_gateway(section(&root, "gateway")?, engines_dp, server.epp_bind.is_some())?,
+            gateway: parse_gateway(section(&root, "gateway")?, engines_dp, server.front())?,
         };
+        if server.proxy_bind.is_some() && server.proxy.max_buffered_bytes < settings.gateway.max_body_bytes {
+            return Err(err(
+                keys::PROXY_MAX_BUFFERED_BYTES.key.path(),
+                format!(
+                    "{} is below gateway.max_body_bytes = {}: the largest body could never be held",
+                    server.proxy.max_buffered_bytes, settings.gateway.max_body_bytes
+                ),
+            ));
+        }
         settings.memory = Budget::of(settings.limits.memory_budget, &server, &settings)
             .map_err(|p| err(keys::MEMORY_BUDGET_BYTES.key.path(), p))?;
         Ok(Config { server, settings })

@@ -1,10 +1,13 @@
-//! The bridge from the picker's gRPC tasks to the coordinator: one thread
-//! owns a DEALER connected in-process to the route ROUTER, so every pick
-//! is a `route` query (and every ended request a `finished` query) answered
-//! by the routing thread like any frontend's: the same pending, sessions,
-//! penalties, policy and health isolation. Tasks hand a query over a
-//! channel and wake the thread through a socket pair; the reply comes back
-//! on a oneshot matched by the query's `id`.
+//! The bridge from the gateway's tasks (the picker's gRPC streams, the
+//! proxy's requests) to the coordinator: one thread owns a DEALER
+//! connected in-process to the route ROUTER, so every pick is a `route`
+//! query (and every ended request a `finished` query) answered by the
+//! routing thread like any frontend's: the same pending, sessions,
+//! penalties, policy and health isolation. The proxy's thread also owns a
+//! DEALER on the health ROUTER, for what it learns of a rank's reachability
+//! (`health_report`). Tasks hand a query over a channel and wake the thread
+//! through a socket pair; the reply comes back on a oneshot matched by the
+//! query's `id`.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -16,8 +19,10 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Semaphore};
 
-/// Where the route ROUTER also listens for the picker.
+/// Where the route ROUTER also listens for the picker and the proxy.
 pub const ENDPOINT: &str = "inproc://dpcoord-gateway";
+/// Where the health ROUTER also listens for the proxy.
+pub const HEALTH_ENDPOINT: &str = "inproc://dpcoord-gateway-health";
 /// How long the thread waits before looking whether the picker is gone.
 const POLL_MS: i64 = 200;
 
@@ -44,6 +49,9 @@ pub struct Query {
     pub fallbacks: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shed_waiting: Option<u64>,
+    /// `health_report`'s outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ok: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -74,7 +82,14 @@ pub struct ReplyError {
     pub message: String,
 }
 
-type Ask = (Query, oneshot::Sender<Reply>);
+/// Which of the coordinator's sockets a query is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Socket {
+    Route,
+    Health,
+}
+
+type Ask = (Socket, Query, oneshot::Sender<Reply>);
 
 /// The picker's handle on the bridge thread; cheap to clone.
 #[derive(Clone)]
@@ -87,50 +102,92 @@ pub struct Bridge {
 }
 
 impl Bridge {
-    /// Connects a DEALER to [`ENDPOINT`] (bound by the route socket first)
-    /// and starts the thread; at most `in_flight` queries wait for a reply
-    /// at a time, the others wait their turn.
-    pub fn start(ctx: &zmq::Context, in_flight: usize) -> std::io::Result<Bridge> {
-        let dealer = ctx.socket(zmq::DEALER).map_err(std::io::Error::other)?;
-        dealer.set_linger(0).map_err(std::io::Error::other)?;
-        dealer.connect(ENDPOINT).map_err(std::io::Error::other)?;
+    /// Connects a DEALER to [`ENDPOINT`] (bound by the route socket
+    /// first), and with `health` one to [`HEALTH_ENDPOINT`], and starts the
+    /// thread; at most `in_flight` queries wait for a reply at a time, the
+    /// others wait their turn.
+    pub fn start(ctx: &zmq::Context, in_flight: usize, health: bool) -> std::io::Result<Bridge> {
+        let dealer = |endpoint: &str| -> std::io::Result<zmq::Socket> {
+            let d = ctx.socket(zmq::DEALER).map_err(std::io::Error::other)?;
+            d.set_linger(0).map_err(std::io::Error::other)?;
+            d.connect(endpoint).map_err(std::io::Error::other)?;
+            Ok(d)
+        };
+        let route = dealer(ENDPOINT)?;
+        let health = if health { Some(dealer(HEALTH_ENDPOINT)?) } else { None };
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_rx.set_nonblocking(true)?;
         wake_tx.set_nonblocking(true)?;
         let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new().name("gateway-bridge".into()).spawn(move || serve(&dealer, &rx, wake_rx))?;
+        std::thread::Builder::new()
+            .name("gateway-bridge".into())
+            .spawn(move || serve(&route, health.as_ref(), &rx, wake_rx))?;
         let in_flight = Arc::new(Semaphore::new(in_flight.max(1)));
         Ok(Bridge { tx, wake: Arc::new(Mutex::new(wake_tx)), in_flight })
     }
 
-    /// Asks the coordinator; `None` when the bridge has stopped.
+    /// Asks the coordinator on the route socket; `None` when the bridge
+    /// has stopped.
     pub async fn ask(&self, q: Query) -> Option<Reply> {
+        self.ask_on(Socket::Route, q).await
+    }
+
+    /// Asks on `socket` (the health one only when the bridge has it).
+    pub async fn ask_on(&self, socket: Socket, q: Query) -> Option<Reply> {
         // Held until the reply is in (or the bridge gave up on it).
         let _turn = self.in_flight.acquire().await.ok()?;
         let (tx, rx) = oneshot::channel();
-        self.tx.send((q, tx)).ok()?;
+        self.hand_over((socket, q, tx))?;
+        rx.await.ok()
+    }
+
+    /// Tells the coordinator on the route socket without waiting for the
+    /// reply (a `finished` from a response's end, which may come where
+    /// nothing can await). Its reply is read and dropped; should the route
+    /// socket's reply queue for the bridge be full, libzmq drops the reply,
+    /// never the query.
+    pub fn tell(&self, q: Query) {
+        let (tx, _) = oneshot::channel();
+        if self.hand_over((Socket::Route, q, tx)).is_none() {
+            tracing::debug!("the gateway bridge has stopped: a report was not sent");
+        }
+    }
+
+    fn hand_over(&self, ask: Ask) -> Option<()> {
+        self.tx.send(ask).ok()?;
         if let Ok(mut w) = self.wake.lock() {
             // A full pipe already holds a wake-up: the byte is not needed.
             let _ = w.write(&[1]);
         }
-        rx.await.ok()
+        Some(())
     }
 }
 
-/// The thread: sends what tasks hand over, routes replies back by `id`.
-fn serve(dealer: &zmq::Socket, rx: &mpsc::Receiver<Ask>, mut wake: UnixStream) {
+/// The thread: sends what tasks hand over, routes replies back by `id`
+/// (one sequence for both sockets, so an `id` names one query).
+fn serve(route: &zmq::Socket, health: Option<&zmq::Socket>, rx: &mpsc::Receiver<Ask>, mut wake: UnixStream) {
     let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
     let mut next_id: u64 = 0;
     let mut scratch = [0u8; 256];
+    let dealers: Vec<&zmq::Socket> = std::iter::once(route).chain(health).collect();
     loop {
-        let mut items = [dealer.as_poll_item(zmq::POLLIN), zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN)];
+        let mut items: Vec<zmq::PollItem<'_>> = dealers.iter().map(|d| d.as_poll_item(zmq::POLLIN)).collect();
+        items.push(zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN));
         if zmq::poll(&mut items, POLL_MS).is_err() {
             continue;
         }
         while wake.read(&mut scratch).is_ok_and(|n| n > 0) {}
         loop {
             match rx.try_recv() {
-                Ok((q, reply)) => {
+                Ok((socket, q, reply)) => {
+                    let dealer = match (socket, health) {
+                        (Socket::Health, Some(h)) => h,
+                        (Socket::Health, None) => {
+                            tracing::debug!("a health query without the health socket was not sent");
+                            continue;
+                        }
+                        (Socket::Route, _) => route,
+                    };
                     next_id = next_id.wrapping_add(1);
                     let bytes = rmp_serde::to_vec_named(&Wire { v: 1, id: next_id, q: &q });
                     match bytes.map(|b| dealer.send(b, zmq::DONTWAIT)) {
@@ -144,17 +201,20 @@ fn serve(dealer: &zmq::Socket, rx: &mpsc::Receiver<Ask>, mut wake: UnixStream) {
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
         }
-        while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
-            match rmp_serde::from_slice::<Reply>(&frame) {
-                Ok(r) => {
-                    if let Some(tx) = r.id.and_then(|id| waiting.remove(&id)) {
-                        let _ = tx.send(r);
+        for dealer in &dealers {
+            while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
+                match rmp_serde::from_slice::<Reply>(&frame) {
+                    Ok(r) => {
+                        if let Some(tx) = r.id.and_then(|id| waiting.remove(&id)) {
+                            let _ = tx.send(r);
+                        }
                     }
+                    Err(e) => tracing::debug!(error = %e, "a gateway reply was not read"),
                 }
-                Err(e) => tracing::debug!(error = %e, "a gateway reply was not read"),
             }
         }
-        // Tasks that gave up (their stream reset) leave a closed sender.
+        // Tasks that gave up (their stream reset), and reports nobody
+        // awaits, leave a closed sender.
         waiting.retain(|_, tx| !tx.is_closed());
     }
 }

@@ -1,11 +1,54 @@
-//! The picker's metrics: requests by outcome, errors by the rank that served.
+//! The gateway's metrics, one set per front (the picker's
+//! `dpcoord_gateway_*`, the proxy's `dpcoord_proxy_*`): requests by
+//! outcome, errors by the rank that served, prompts by how they were keyed.
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use super::prompt::{MODE_TEXT, MODE_TOKENIZER};
 use crate::observability::metrics::{built, register};
 
-/// How a request through the gateway ended for the picker.
+/// The gateway's two fronts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// The endpoint picker (`server.epp_bind`).
+    Picker,
+    /// The reverse proxy (`server.proxy_bind`).
+    Proxy,
+}
+
+impl Front {
+    fn prefix(self) -> &'static str {
+        match self {
+            Front::Picker => "dpcoord_gateway",
+            Front::Proxy => "dpcoord_proxy",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Front::Picker => "the gateway endpoint picker",
+            Front::Proxy => "the proxy",
+        }
+    }
+
+    /// The outcomes this front can have.
+    fn outcomes(self) -> &'static [Outcome] {
+        match self {
+            Front::Picker => &Outcome::ALL[..8],
+            Front::Proxy => &Outcome::ALL,
+        }
+    }
+
+    /// The kinds of a rank's errors this front sees.
+    fn rank_errors(self) -> &'static [&'static str] {
+        match self {
+            Front::Picker => &["status_5xx", "reset"],
+            Front::Proxy => &["status_5xx", "reset", "connect"],
+        }
+    }
+}
+
+/// How a request through the gateway ended for the picker or the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// A rank picked and its endpoint given to the gateway.
@@ -25,10 +68,16 @@ pub enum Outcome {
     RejectedReset,
     /// The coordinator could not be asked, or refused otherwise: 500.
     RejectedError,
+    /// The proxy only: at `proxy.max_buffered_bytes` of request bodies: 503.
+    RejectedBusy,
+    /// The proxy only: a body slower than `proxy.body_timeout_ms`: 408.
+    RejectedTimeout,
+    /// The proxy only: the rank, and the next-best one, refused to connect: 502.
+    FailedUnreachable,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Routed,
         Outcome::RoutedBodyless,
         Outcome::RejectedBadRequest,
@@ -37,6 +86,9 @@ impl Outcome {
         Outcome::RejectedShed,
         Outcome::RejectedReset,
         Outcome::RejectedError,
+        Outcome::RejectedBusy,
+        Outcome::RejectedTimeout,
+        Outcome::FailedUnreachable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -49,6 +101,9 @@ impl Outcome {
             Outcome::RejectedShed => "rejected_shed",
             Outcome::RejectedReset => "rejected_reset",
             Outcome::RejectedError => "rejected_error",
+            Outcome::RejectedBusy => "rejected_busy",
+            Outcome::RejectedTimeout => "rejected_timeout",
+            Outcome::FailedUnreachable => "failed_unreachable",
         }
     }
 }
@@ -61,37 +116,41 @@ pub struct GatewayMetrics {
 }
 
 impl GatewayMetrics {
-    /// Registered whether or not the picker is on, so every series exists
+    /// Registered whether or not the front is on, so every series exists
     /// from the start: the outcomes, and each rank of `dp_size`'s errors
     /// (a rank added by a resize gets its series at its first error).
-    pub fn new(registry: &Registry, dp_size: u32) -> Self {
+    pub fn new(registry: &Registry, dp_size: u32, front: Front) -> Self {
+        let (prefix, what) = (front.prefix(), front.what());
         let requests = built(IntCounterVec::new(
-            Opts::new("dpcoord_gateway_requests_total", "Requests the gateway endpoint picker answered, by outcome"),
+            Opts::new(format!("{prefix}_requests_total"), format!("Requests {what} answered, by outcome")),
             &["outcome"],
         ));
         let rank_errors = built(IntCounterVec::new(
             Opts::new(
-                "dpcoord_gateway_rank_errors_total",
-                "Requests through the gateway that failed on the rank that served them (status_5xx, reset)",
+                format!("{prefix}_rank_errors_total"),
+                format!(
+                    "Requests through {what} that failed on the rank that served them ({})",
+                    front.rank_errors().join(", ")
+                ),
             ),
             &["dp_rank", "kind"],
         ));
         let prompts = built(IntCounterVec::new(
             Opts::new(
-                "dpcoord_gateway_prompts_total",
-                "Prompts the gateway endpoint picker routed, by how they were keyed: tokenizer (the engine's token ids) or text",
+                format!("{prefix}_prompts_total"),
+                format!("Prompts {what} routed, by how they were keyed: tokenizer (the engine's token ids) or text"),
             ),
             &["mode"],
         ));
         for mode in [MODE_TOKENIZER, MODE_TEXT] {
             prompts.with_label_values(&[mode]);
         }
-        for o in Outcome::ALL {
+        for o in front.outcomes() {
             requests.with_label_values(&[o.as_str()]);
         }
         for rank in 0..dp_size {
-            for kind in ["status_5xx", "reset"] {
-                rank_errors.with_label_values(&[&rank.to_string(), kind]);
+            for kind in front.rank_errors() {
+                rank_errors.with_label_values(&[rank.to_string().as_str(), kind]);
             }
         }
         GatewayMetrics {
@@ -110,7 +169,7 @@ impl GatewayMetrics {
         self.requests.with_label_values(&[o.as_str()]).inc();
     }
 
-    /// `kind`: `status_5xx` or `reset`.
+    /// `kind`: `status_5xx`, `reset` or (the proxy) `connect`.
     pub fn rank_error(&self, rank: u32, kind: &str) {
         self.rank_errors.with_label_values(&[&rank.to_string(), kind]).inc();
     }

@@ -1,27 +1,34 @@
-//! The Kubernetes Gateway API Inference Extension's endpoint picker: an
-//! Envoy `ext_proc` gRPC server (`server.epp_bind`, off by default) that
-//! tells a gateway which rank's endpoint takes each request. Every pick is
-//! a `route` query to the coordinator through [`bridge`], so it shares the
-//! route socket's pending, sessions, penalties and policy; the end of each
-//! response is booked with a `finished` query (docs/operations.md, "Behind
-//! a Kubernetes gateway").
+//! The gateway: dpcoord in the HTTP path, with two fronts, each off by
+//! default. The Kubernetes Gateway API Inference Extension's endpoint
+//! picker, an Envoy `ext_proc` gRPC server (`server.epp_bind`), tells a
+//! gateway which rank's endpoint takes each request (docs/operations.md,
+//! "Behind a Kubernetes gateway"); the proxy (`server.proxy_bind`,
+//! `dpcoord proxy`) is an OpenAI-compatible reverse proxy in front of one
+//! server per rank (docs/operations.md, "One server per rank"). Every
+//! decision is a `route` query to the coordinator through [`bridge`], so
+//! both share the route socket's pending, sessions, penalties and policy;
+//! the end of each response is booked with a `finished` query.
 //!
 //! - `body.rs`: the OpenAI request body (`model`, the prompt, `user`)
 //! - `prompt/`: the prompt as token ids (the model's tokenizer) or text keys
 //! - `prompts.rs`: the encoder in force, loaded again on a reload
-//! - `bridge.rs`: the thread between the gRPC tasks and the route socket
+//! - `bridge.rs`: the thread between the tasks and the coordinator's sockets
+//! - `decide.rs`: one request's rank, or the refusal the client gets
 //! - `endpoints.rs`: `gateway.endpoints` as addresses (names resolved)
-//! - `service.rs`: one request's `ext_proc` stream
+//! - `service.rs`: one request's `ext_proc` stream (the picker)
 //! - `reply.rs`: the `ext_proc` messages the picker answers with
+//! - `proxy/`: the reverse proxy
 //! - `subset.rs`: eligible ranks (endpoints, the gateway's subset hint)
-//! - `metrics.rs`: `dpcoord_gateway_*`
+//! - `metrics.rs`: `dpcoord_gateway_*`, `dpcoord_proxy_*`
 
 pub mod body;
 pub mod bridge;
+pub mod decide;
 mod endpoints;
 pub mod metrics;
 pub mod prompt;
 pub mod prompts;
+pub mod proxy;
 mod reply;
 pub mod service;
 pub mod subset;
@@ -32,6 +39,7 @@ use std::time::Duration;
 
 pub use body::{ChatMessage, PromptText};
 pub use bridge::Bridge;
+pub use decide::Decider;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
@@ -68,28 +76,23 @@ fn routable(status: &str) -> bool {
     status == "up" || status == "stale"
 }
 
-/// Serves the picker and the gRPC health service on `listener` (already
-/// bound, so a bind error was reported before the daemon started).
-pub fn spawn(
-    rt: &tokio::runtime::Handle,
-    listener: TcpListener,
+/// A front's decider: `metrics` are the front's, the rest shared.
+pub fn decider(
     bridge: Bridge,
     published: Arc<Published>,
     metrics: metrics::GatewayMetrics,
-    prompts: prompts::Prompts,
+    prompts: Arc<prompts::Prompts>,
     max_query_bytes: usize,
-) -> Server {
-    let prompts = Arc::new(prompts);
-    let endpoints = Arc::new(endpoints::Endpoints::new(published.gateway()));
-    let picker = service::Picker {
-        bridge,
-        published: Arc::clone(&published),
-        endpoints,
-        prompts,
-        max_query_bytes,
-        metrics,
-        bodyless: Arc::default(),
-    };
+) -> Arc<Decider> {
+    let endpoints = endpoints::Endpoints::new(published.gateway());
+    Arc::new(Decider { bridge, published, endpoints, prompts, max_query_bytes, metrics, bodyless: Default::default() })
+}
+
+/// Serves the picker and the gRPC health service on `listener` (already
+/// bound, so a bind error was reported before the daemon started).
+pub fn spawn(rt: &tokio::runtime::Handle, listener: TcpListener, decider: Arc<Decider>) -> Server {
+    let published = Arc::clone(&decider.published);
+    let picker = service::Picker { decider };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();

@@ -4,7 +4,6 @@
 //! metadata; then the response's headers (the endpoint that served it) and
 //! its end, booked with a `finished` query.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
@@ -14,14 +13,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::bridge::{Bridge, Query};
-use super::endpoints::Endpoints;
-use super::metrics::{GatewayMetrics, Outcome};
-use super::prompt::Encoded;
-use super::prompts::Prompts;
+use super::decide::{Decider, Refusal};
+use super::metrics::Outcome;
 use super::reply::{self, Pick};
 use super::{body, subset};
-use crate::routing::Published;
 
 /// The header (and `envoy.lb` metadata key) that names the picked endpoint.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -35,18 +30,7 @@ const FULL_DUPLEX: i32 = 4;
 
 #[derive(Clone)]
 pub struct Picker {
-    pub bridge: Bridge,
-    pub published: Arc<Published>,
-    /// `gateway.endpoints` as addresses.
-    pub endpoints: Arc<Endpoints>,
-    /// The prompt encoder in force (`gateway.tokenizer`).
-    pub prompts: Arc<Prompts>,
-    /// The largest route query the route socket takes
-    /// (`limits.max_message_bytes`): a prompt is cut to fit it.
-    pub max_query_bytes: usize,
-    pub metrics: GatewayMetrics,
-    /// The turn of requests without a body among the routable ranks.
-    pub bodyless: Arc<AtomicU32>,
+    pub decider: Arc<Decider>,
 }
 
 /// One request's stream, as far as it went.
@@ -110,12 +94,12 @@ impl Picker {
         // A stream that ends before its response did: the request is over.
         if let (Some(placed), false) = (s.placed, s.finished) {
             let rank = s.served.unwrap_or(placed);
-            self.metrics.rank_error(rank, "reset");
+            self.decider.metrics.rank_error(rank, "reset");
             if !s.moved {
-                self.finish(rank, placed).await;
+                self.decider.finish(rank, placed).await;
             }
         } else if s.placed.is_none() && !s.finished {
-            self.metrics.outcome(Outcome::RejectedReset);
+            self.decider.metrics.outcome(Outcome::RejectedReset);
         }
     }
 
@@ -126,9 +110,7 @@ impl Picker {
                 if h.end_of_stream {
                     // A POST without a body is an inference request missing it.
                     if reply::method(h.headers.as_ref()).is_none_or(|m| m == "POST") {
-                        return self
-                            .reject(s, out, body::BodyError::NoModel.to_string(), 400, Outcome::RejectedBadRequest)
-                            .await;
+                        return self.reject(s, out, Refusal::bad_body(&body::BodyError::NoModel)).await;
                     }
                     return self.pass(s, out).await;
                 }
@@ -138,10 +120,9 @@ impl Picker {
                 false
             }
             In::RequestBody(b) => {
-                let cap = self.published.gateway().max_body_bytes;
+                let cap = self.decider.published.gateway().max_body_bytes;
                 if s.body.len() + b.body.len() > cap {
-                    let why = format!("the request body is above gateway.max_body_bytes = {cap} bytes");
-                    return self.reject(s, out, why, 413, Outcome::RejectedTooLarge).await;
+                    return self.reject(s, out, Refusal::too_large(cap)).await;
                 }
                 s.body.extend_from_slice(&b.body);
                 if !b.end_of_stream {
@@ -152,8 +133,8 @@ impl Picker {
             In::ResponseHeaders(h) => {
                 let (status, header) = reply::response_facts(h.headers.as_ref(), SERVED);
                 let served = s.served_endpoint.take().or(header);
-                let gateway = self.endpoints.resolved(self.published.gateway());
-                let dp = self.published.dp_size();
+                let gateway = self.decider.gateway();
+                let dp = self.decider.published.dp_size();
                 s.served = served.and_then(|ep| {
                     let mut ranks = gateway.ranks_of(&ep, dp);
                     let first = ranks.next();
@@ -166,7 +147,7 @@ impl Picker {
                 });
                 if let (Some(code), Some(rank)) = (status, s.served.or(s.placed)) {
                     if code >= 500 {
-                        self.metrics.rank_error(rank, "status_5xx");
+                        self.decider.metrics.rank_error(rank, "status_5xx");
                     }
                 }
                 // Served by a fallback (the gateway retried): the placement
@@ -174,7 +155,7 @@ impl Picker {
                 if let (Some(placed), Some(rank)) = (s.placed, s.served) {
                     if rank != placed && !s.moved {
                         s.moved = true;
-                        self.finish(rank, placed).await;
+                        self.decider.finish(rank, placed).await;
                     }
                 }
                 send(out, reply::response_headers_ok()).await;
@@ -205,127 +186,45 @@ impl Picker {
     async fn pick(&self, s: &mut Stream, out: &Out) -> bool {
         let parsed = match body::parse(&s.body) {
             Ok(p) => p,
-            Err(e) => return self.reject(s, out, e.to_string(), 400, Outcome::RejectedBadRequest).await,
+            Err(e) => return self.reject(s, out, Refusal::bad_body(&e)).await,
         };
-        let gateway = self.endpoints.resolved(self.published.gateway());
-        let dp = self.published.dp_size();
-
-        let among = match subset::eligible(&gateway, dp, s.subset.as_deref()) {
-            // Every rank eligible: the route is not restricted.
-            Ok(among) if among.len() == dp as usize => None,
-            Ok(among) => Some(among),
-            Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
+        let fallbacks = self.decider.gateway().fallbacks;
+        let d = match self.decider.route(parsed, s.subset.as_deref(), fallbacks).await {
+            Ok(d) => d,
+            Err(r) => return self.reject(s, out, r).await,
         };
-        // With one endpoint for every rank, another rank is no fallback.
-        let fallbacks = (gateway.fallbacks > 0 && gateway.rank_header.is_none()).then_some(gateway.fallbacks);
-        let session = parsed.user.clone();
-        let shed_waiting = gateway.shed_waiting;
-        let mut q = Query { op: "route", session, among, fallbacks, shed_waiting, ..Query::default() };
-        self.key_prompt(&mut q, &gateway, parsed.prompt).await;
-        // The same query without its prompt, kept for the retry below: the
-        // prompt's ids are moved, not copied.
-        let prompt = (q.tokens.take(), q.block_keys.take());
-        let bare = q.clone();
-        (q.tokens, q.block_keys) = prompt;
-        let mut reply = self.bridge.ask(q).await;
-        if reply.as_ref().and_then(|r| r.error.as_ref()).is_some_and(|e| e.code == "too_large") {
-            // A reload lowered limits.max_prompt_tokens between the cut and
-            // the decision: route on the length alone.
-            reply = self.bridge.ask(bare).await;
-        }
-        let Some(r) = reply else {
-            return self
-                .reject(s, out, "dpcoord's coordinator is not answering".into(), 500, Outcome::RejectedError)
-                .await;
-        };
-        let rank = match (r.ok, r.ranks.first(), r.error) {
-            (true, Some(&rank), _) => rank,
-            (_, _, Some(e)) if e.code == "no_engine_available" || e.code == "rank_unavailable" => {
-                return self.reject(s, out, e.message, 503, Outcome::RejectedNoRank).await
-            }
-            (_, _, Some(e)) if e.code == "saturated" => {
-                return self.reject(s, out, e.message, 429, Outcome::RejectedShed).await
-            }
-            (_, _, e) => {
-                let why = e.map_or("no rank in the reply".into(), |e| format!("{}: {}", e.code, e.message));
-                return self.reject(s, out, why, 500, Outcome::RejectedError).await;
-            }
-        };
-        let Some(endpoint) = gateway.endpoint(rank) else {
-            return self.reject(s, out, format!("rank {rank} has no endpoint"), 503, Outcome::RejectedNoRank).await;
-        };
-        s.placed = Some(rank);
-        self.metrics.outcome(Outcome::Routed);
-        let endpoints = with_fallbacks(endpoint, r.fallbacks.iter().filter_map(|&f| gateway.endpoint(f)));
-        let pick = Pick { endpoint: &endpoints, rank, rank_header: gateway.rank_header.as_deref() };
+        s.placed = Some(d.rank);
+        // The pick, then each fallback's endpoint: the protocol's list.
+        let endpoints = std::iter::once(d.endpoint.as_str())
+            .chain(d.fallbacks.iter().map(|(_, e)| e.as_str()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pick = Pick { endpoint: &endpoints, rank: d.rank, rank_header: d.gateway.rank_header.as_deref() };
         for m in reply::picked(&pick, std::mem::take(&mut s.body), s.buffered) {
             send(out, m).await;
         }
         false
     }
 
-    /// A request without a body (`GET /v1/models`, a health check): the
-    /// next routable eligible rank's endpoint, as of the last tick, in
-    /// turn; nothing booked, since it is no inference request. The stream
-    /// goes on for its response, which books nothing either.
+    /// A request without a body (`GET /v1/models`, a health check): a
+    /// routable rank's endpoint in turn, nothing booked. The stream goes
+    /// on for its response, which books nothing either.
     async fn pass(&self, s: &mut Stream, out: &Out) -> bool {
-        let gateway = self.endpoints.resolved(self.published.gateway());
-        let state = self.published.state();
-        let among = match subset::eligible(&gateway, self.published.dp_size(), s.subset.as_deref()) {
-            Ok(among) => among,
-            Err(why) => return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await,
+        let d = match self.decider.bodyless(s.subset.as_deref()) {
+            Ok(d) => d,
+            Err(r) => return self.reject(s, out, r).await,
         };
-        let up: Vec<u32> = (among.into_iter())
-            .filter(|&r| state.ranks.get(r as usize).is_some_and(|v| super::routable(v.status)))
-            .collect();
-        let turn = self.bodyless.fetch_add(1, Ordering::Relaxed) as usize;
-        let Some((rank, endpoint)) = up.get(turn % up.len().max(1)).and_then(|&r| Some((r, gateway.endpoint(r)?)))
-        else {
-            let why = "no routable rank: none of the eligible ranks is up or stale".to_owned();
-            return self.reject(s, out, why, 503, Outcome::RejectedNoRank).await;
-        };
-        self.metrics.outcome(Outcome::RoutedBodyless);
         s.finished = true;
-        send(out, reply::picked_headers(&Pick { endpoint, rank, rank_header: gateway.rank_header.as_deref() })).await;
+        let pick = Pick { endpoint: &d.endpoint, rank: d.rank, rank_header: d.gateway.rank_header.as_deref() };
+        send(out, reply::picked_headers(&pick)).await;
         false
     }
 
-    /// The query's prompt: the engine's token ids (with a tokenizer), else
-    /// text keys, each cut to the leading part that fits the route socket's
-    /// message limit (a prefix is still a prefix; the length is the
-    /// whole, estimated past a cut the tokenizer did not read).
-    /// Tokenizing runs on the blocking pool, not the gRPC tasks' thread.
-    async fn key_prompt(&self, q: &mut Query, gateway: &crate::config::Gateway, prompt: super::PromptText) {
-        let encoder = self.prompts.encoder(gateway);
-        let estimate = prompt.estimated_tokens();
-        // 2 KiB for the rest of the query; at most 5 bytes an id, 9 a key;
-        // and no more than `limits.max_prompt_tokens` lets in. A longer
-        // prompt is tokenized only about that far.
-        let room = self.max_query_bytes.saturating_sub(2048);
-        let most = self.published.max_prompt_tokens() as usize;
-        let ids = (room / 5).min(most);
-        let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt, ids)).await.ok();
-        match encoded {
-            Some(Encoded::Tokens { ids, whole }) => {
-                self.metrics.prompt(super::prompt::MODE_TOKENIZER);
-                q.prompt_tokens = Some(whole);
-                q.tokens = Some(ids);
-            }
-            Some(Encoded::TextKeys(mut keys)) => {
-                self.metrics.prompt(super::prompt::MODE_TEXT);
-                q.prompt_tokens = Some(estimate);
-                keys.truncate((room / 9).min(most / 16));
-                q.block_keys = Some(keys);
-            }
-            None => q.prompt_tokens = Some(estimate),
-        }
-    }
-
     /// An immediate response: nothing was booked, the stream is over.
-    async fn reject(&self, s: &mut Stream, out: &Out, why: String, code: u16, o: Outcome) -> bool {
-        self.metrics.outcome(o);
+    async fn reject(&self, s: &mut Stream, out: &Out, r: Refusal) -> bool {
+        self.decider.metrics.outcome(r.outcome);
         s.finished = true;
-        send(out, reply::immediate(code, &why)).await;
+        send(out, reply::immediate(r.status, &r.why)).await;
         true
     }
 
@@ -334,34 +233,11 @@ impl Picker {
         if let (Some(placed), false) = (s.placed, s.finished) {
             s.finished = true;
             if !s.moved {
-                self.finish(s.served.unwrap_or(placed), placed).await;
+                self.decider.finish(s.served.unwrap_or(placed), placed).await;
             }
         }
         true
     }
-
-    async fn finish(&self, rank: u32, placed: u32) {
-        let q =
-            Query { op: "finished", rank: Some(rank), placed: (placed != rank).then_some(placed), ..Query::default() };
-        if self.bridge.ask(q).await.is_none_or(|r| !r.ok) {
-            tracing::debug!(rank, "a finished request was not booked");
-        }
-    }
-}
-
-/// The destination's value: the picked endpoint, then each fallback's
-/// endpoint not already named, comma-separated (the protocol's form).
-fn with_fallbacks<'a>(first: &str, fallbacks: impl Iterator<Item = &'a str>) -> String {
-    let mut list = first.to_owned();
-    let mut named = vec![first];
-    for e in fallbacks {
-        if !named.contains(&e) {
-            named.push(e);
-            list.push(',');
-            list.push_str(e);
-        }
-    }
-    list
 }
 
 async fn send(out: &Out, m: ep::ProcessingResponse) {

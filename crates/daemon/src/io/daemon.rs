@@ -24,11 +24,16 @@ pub struct Daemon {
     /// The HTTP server's connection cap (within the file descriptors' HTTP
     /// share) and timeouts.
     pub http: http::Limits,
-    /// The gateway endpoint picker's way to the route socket, when
-    /// `server.epp_bind` is set.
+    /// The proxy's: its client connection cap within its share, the HTTP
+    /// timeouts.
+    pub proxy_conns: http::Limits,
+    /// The gateway's way to the coordinator, when `server.epp_bind` or
+    /// `server.proxy_bind` is set (with the health socket for the proxy).
     pub bridge: Option<crate::gateway::Bridge>,
-    /// The picker's metrics, registered whether or not it is on.
+    /// The picker's metrics and the proxy's, registered whether or not
+    /// they are on.
     pub gateway_metrics: crate::gateway::metrics::GatewayMetrics,
+    pub proxy_metrics: crate::gateway::metrics::GatewayMetrics,
     control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
     scraper: Scraper,
@@ -44,17 +49,24 @@ impl Daemon {
         fds.log_peer_caps(&cfg.server.peers);
         crate::io::trim::start();
         let http = http::Limits::new(&cfg.server.http, &fds);
+        let proxy_conns =
+            http::Limits { max_connections: cfg.server.proxy.max_connections.min(fds.proxy_share()), ..http };
         let sockets = Sockets::open(cfg)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
-        let gateway_metrics = crate::gateway::metrics::GatewayMetrics::new(&registry, cfg.settings.engines.dp_size);
+        let front_metrics =
+            |front| crate::gateway::metrics::GatewayMetrics::new(&registry, cfg.settings.engines.dp_size, front);
+        let gateway_metrics = front_metrics(crate::gateway::metrics::Front::Picker);
+        let proxy_metrics = front_metrics(crate::gateway::metrics::Front::Proxy);
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
-        let bridge = match cfg.server.epp_bind {
+        let bridge = match cfg.server.front() {
             Some(_) => {
-                // No more picks in flight than the route socket queues
+                // No more queries in flight than the route socket queues
                 // replies for one peer: none is dropped.
                 let in_flight = crate::io::sockets::reply_queue(crate::wire::Channel::Route, cfg) as usize;
-                Some(crate::gateway::Bridge::start(&sockets.context(), in_flight).map_err(TransportError::Thread)?)
+                let health = cfg.server.proxy_bind.is_some();
+                let bridge = crate::gateway::Bridge::start(&sockets.context(), in_flight, health);
+                Some(bridge.map_err(TransportError::Thread)?)
             }
             None => None,
         };
@@ -77,7 +89,18 @@ impl Daemon {
             http_max_connections = http.max_connections,
             "dpcoord serving"
         );
-        Ok(Daemon { registry, published, http, bridge, gateway_metrics, control, thread, scraper })
+        Ok(Daemon {
+            registry,
+            published,
+            http,
+            proxy_conns,
+            bridge,
+            gateway_metrics,
+            proxy_metrics,
+            control,
+            thread,
+            scraper,
+        })
     }
 
     /// True once the coordinator thread has ended (on error or stop).

@@ -15,6 +15,12 @@ use crate::config::PeerCaps;
 /// The HTTP server's share of the soft limit: one descriptor in this many.
 pub const HTTP_SHARE: u64 = 4;
 
+/// The proxy's client connections' share of the soft limit: one descriptor
+/// in this many; its connections to the ranks' servers take as many again,
+/// so the proxy holds an eighth of the quarter left for connections
+/// dpcoord makes.
+pub const PROXY_SHARE: u64 = 16;
+
 /// The share of the soft limit each bound ZeroMQ socket's peers may hold:
 /// one descriptor in this many (route and stats bind a fifth, health a tenth).
 const PEER_SHARES: [(&str, u64); 3] = [("route", 5), ("health", 10), ("stats", 5)];
@@ -67,6 +73,12 @@ impl Budget {
     /// the soft limit, at least 1.
     pub fn http_share(&self) -> usize {
         usize::try_from(self.soft / HTTP_SHARE).unwrap_or(usize::MAX).max(1)
+    }
+
+    /// The most client connections the proxy may hold: a [`PROXY_SHARE`]th
+    /// of the soft limit, at least 1.
+    pub fn proxy_share(&self) -> usize {
+        usize::try_from(self.soft / PROXY_SHARE).unwrap_or(usize::MAX).max(1)
     }
 
     /// The most peers a bound ZeroMQ socket (a ZAP domain: `route`,

@@ -389,13 +389,18 @@ impl Sockets {
         let mut monitors = Vec::with_capacity(3);
         let Opened { sources, links } = sources(&ctx, cfg, &mut monitors)?;
         let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
-        if srv.epp_bind.is_some() {
-            // The gateway endpoint picker's queries (crate::gateway::bridge)
-            // arrive on the same socket, in-process.
+        if srv.front().is_some() {
+            // The gateway's queries (crate::gateway::bridge) arrive on the
+            // same socket, in-process.
             let ep = crate::gateway::bridge::ENDPOINT;
             route.bind(ep).map_err(endpoint_err("bind", "route", None, ep))?;
         }
         let (health, health_peers) = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
+        if srv.proxy_bind.is_some() {
+            // The proxy's reports of ranks it cannot reach, in-process.
+            let ep = crate::gateway::bridge::HEALTH_ENDPOINT;
+            health.bind(ep).map_err(endpoint_err("bind", "health", None, ep))?;
+        }
         monitors.extend([route_peers, health_peers]);
         Ok(Sockets { sources, route, health, zap, monitors, links, ctx })
     }

@@ -6,7 +6,7 @@ use super::keys::{self, FloatKey, IntKey, Key, ListKey, StrKey};
 use super::Allowlist;
 use super::{
     err, CacheAware, ConfigError, Engines, Gateway, HttpLimits, Limits, LoadWeights, LogFormat, PeerCaps, Penalty,
-    PolicyKind, PrefixMode, Routing, Server, Sessions,
+    PolicyKind, PrefixMode, ProxyLimits, Routing, Server, Sessions,
 };
 
 mod kv;
@@ -192,9 +192,21 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
             )
         })?),
     };
+    let proxy_bind = match s.string(&keys::PROXY_BIND)? {
+        b if b.is_empty() => None,
+        b => Some(b.parse().map_err(|_| {
+            err(
+                keys::PROXY_BIND.key.path(),
+                format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"),
+            )
+        })?),
+    };
     s.finish()?;
     Ok(Server {
         epp_bind,
+        proxy_bind,
+        // `[proxy]`, read after this section.
+        proxy: ProxyLimits::default(),
         route_bind,
         health_bind,
         stats_bind,
@@ -339,9 +351,22 @@ pub(super) fn parse_penalty(mut s: Section<'_>) -> Result<Penalty, ConfigError> 
     Ok(Penalty { max_penalty, stale, health_failure, health_half_life, failure, failure_smoothing, ttft })
 }
 
+/// `[proxy]`: the proxy's bounds.
+pub(super) fn parse_proxy(mut s: Section<'_>) -> Result<ProxyLimits, ConfigError> {
+    let p = ProxyLimits {
+        max_connections: s.int(&keys::PROXY_MAX_CONNECTIONS)? as usize,
+        max_buffered_bytes: s.int(&keys::PROXY_MAX_BUFFERED_BYTES)? as usize,
+        body_timeout: s.ms(&keys::PROXY_BODY_TIMEOUT_MS)?,
+        connect_timeout: s.ms(&keys::PROXY_CONNECT_TIMEOUT_MS)?,
+    };
+    s.finish()?;
+    Ok(p)
+}
+
 /// `[gateway]`: one `host:port` per rank, or one for all with
-/// `rank_header`; `epp` says whether the picker is on (it then needs endpoints).
-pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Result<Gateway, ConfigError> {
+/// `rank_header`; `front` names the key of a front that is on (the picker,
+/// the proxy), which then needs endpoints.
+pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, front: Option<String>) -> Result<Gateway, ConfigError> {
     let path = keys::GATEWAY_ENDPOINTS.key.path();
     let endpoints = s.strings(&keys::GATEWAY_ENDPOINTS)?;
     for e in &endpoints {
@@ -377,7 +402,10 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, epp: bool) -> Resu
     }
     s.finish()?;
     match (rank_header.is_some(), endpoints.len()) {
-        (_, 0) if epp => return Err(err(&path, "server.epp_bind is set: name each rank's host:port here")),
+        (_, 0) if front.is_some() => {
+            let on = front.unwrap_or_default();
+            return Err(err(&path, format!("{on} is set: name each rank's host:port here")));
+        }
         (true, n) if n > 1 => {
             return Err(err(&path, format!("{n} endpoints with gateway.rank_header: one endpoint serves every rank")))
         }

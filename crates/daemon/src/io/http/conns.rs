@@ -13,7 +13,8 @@
 //!   kernel, holding no descriptor of dpcoord's). So `/healthz` is answered
 //!   while idle or slowloris connections fill the cap.
 //!
-//! Each outcome is counted in `dpcoord_http_connections_closed_total{reason}`.
+//! Each outcome is counted in `dpcoord_http_connections_closed_total{reason}`
+//! (the proxy's connections, served the same way, in `dpcoord_proxy_*`).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -69,6 +70,24 @@ impl Default for Limits {
     }
 }
 
+/// Which server's connections: the names of its series.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// `dpcoord_{name}_connections...`
+    pub name: &'static str,
+    /// What they are, in the series' help.
+    pub what: &'static str,
+    /// Where the cap comes from, in the help of `..._connections_max`.
+    pub cap: &'static str,
+}
+
+/// The HTTP server's (`/metrics`, `/healthz`...).
+pub const HTTP: Family = Family {
+    name: "http",
+    what: "HTTP connections",
+    cap: "server.http_max_connections within a quarter of the nofile limit",
+};
+
 /// The server's connection series.
 #[derive(Clone)]
 struct Counters {
@@ -77,23 +96,28 @@ struct Counters {
 }
 
 impl Counters {
-    fn new(registry: &Registry, limits: &Limits) -> Counters {
-        let open =
-            register(registry, built(IntGauge::new("dpcoord_http_connections", "HTTP connections being served.")));
+    fn new(registry: &Registry, limits: &Limits, family: Family) -> Counters {
+        let Family { name, what, cap } = family;
+        let open = register(
+            registry,
+            built(IntGauge::new(format!("dpcoord_{name}_connections"), format!("{what} being served."))),
+        );
         let max = register(
             registry,
             built(IntGauge::new(
-                "dpcoord_http_connections_max",
-                "The HTTP connection cap in force: server.http_max_connections within a quarter of the nofile limit.",
+                format!("dpcoord_{name}_connections_max"),
+                format!("The cap of {what} in force: {cap}."),
             )),
         );
         let closed = register(
             registry,
             built(IntCounterVec::new(
                 Opts::new(
-                    "dpcoord_http_connections_closed_total",
-                    "HTTP connections dpcoord closed: evicted (silent the longest, at the cap), refused (at the cap), \
-                     header_timeout, idle_timeout.",
+                    format!("dpcoord_{name}_connections_closed_total"),
+                    format!(
+                        "{what} dpcoord closed: evicted (silent the longest, at the cap), refused (at the cap), \
+                         header_timeout, idle_timeout."
+                    ),
                 ),
                 &["reason"],
             )),
@@ -217,6 +241,7 @@ pub async fn serve(
     router: Router,
     registry: &Registry,
     limits: Limits,
+    family: Family,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (stop_tx, stop) = watch::channel(false);
@@ -227,7 +252,7 @@ pub async fn serve(
         waiting: AtomicUsize::new(0),
         waited: Notify::new(),
         table: Table::default(),
-        counters: Counters::new(registry, &limits),
+        counters: Counters::new(registry, &limits, family),
         router,
         stop,
     });
@@ -267,6 +292,9 @@ pub async fn serve(
 
 /// Serves `stream` now, after an eviction, or not at all.
 fn admit(shared: &Arc<Shared>, stream: TcpStream) {
+    // Answers are small writes (a streamed response's chunks): none waits
+    // for the peer's delayed ACK.
+    let _ = stream.set_nodelay(true);
     if let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() {
         // In the table at once: the next accept may need to evict it.
         let watch = Arc::new(Watch::new(ms(shared.epoch)));

@@ -19,7 +19,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-mod conns;
+pub mod conns;
 pub use conns::Limits;
 
 use crate::config::keys;
@@ -74,7 +74,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let app = router(registry.clone(), published);
-    conns::serve(listener, app, &registry, limits, shutdown).await
+    conns::serve(listener, app, &registry, limits, conns::HTTP, shutdown).await
 }
 
 /// How long [`Running::stop`] waits for requests in flight.
