@@ -5,6 +5,7 @@ Envoy-based gateway sends on ``ext_proc``, against the real binary."""
 from __future__ import annotations
 
 import json
+import time
 import queue
 from typing import Any, Iterator
 
@@ -447,3 +448,19 @@ def test_a_request_without_a_body_goes_to_a_routable_rank_in_turn(start_daemon, 
     s.send(request_headers=ep.HttpHeaders(headers=headers({":method": "POST", ":path": "/v1/completions"}), end_of_stream=True))
     r = immediate(s)
     assert r.status.code == 400 and b"model" in r.body, r.body
+
+
+def test_sigterm_closes_open_streams_and_exits_zero_within_two_seconds(start_daemon, engines, tmp_path):
+    d, ch = start(start_daemon, tmp_path)
+    bring_up(d, engines, [0, 1])
+    # A picked request whose response never ends: the gateway holds its
+    # stream open as long as the response lasts.
+    s = Stream(ch)
+    request(s)
+    picked(s)
+    started = time.monotonic()
+    assert d.stop() == 0
+    took = time.monotonic() - started
+    assert took < 2.0, f"took {took:.2f} s"
+    with pytest.raises(grpc.RpcError):
+        s.recv()

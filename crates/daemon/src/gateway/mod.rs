@@ -60,9 +60,16 @@ pub struct Server {
 }
 
 impl Server {
+    /// Stops accepting, lets the open streams end for at most
+    /// [`proxy::DRAIN`] (a stream lasts as long as its response), then
+    /// closes the rest, so the process still stops within its 2 s.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(proxy::DRAIN, self.task).await.is_err() {
+            abort.abort();
+            tracing::info!("picker streams still open after the drain were closed");
+        }
     }
 }
 
