@@ -52,10 +52,21 @@ fn table_metrics(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_metric_family_has_its_rows_and_no_row_is_stale() {
-    // Every source kind configured, so every family is registered.
+    // Every source kind configured and the proxy on, so every family is registered.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.toml");
+    let proxy = format!("[server]\nproxy_bind = \"{}\"\n[gateway]\nendpoints = [\"a:1\", \"a:2\"]\n", free_addr());
+    std::fs::write(&config, proxy).unwrap();
     let d = Daemon::frozen(
         "2",
-        &["--vllm-metrics-url", "http://127.0.0.1:1/metrics", "--kv-events-connect", "tcp://127.0.0.1:1"],
+        &[
+            "--vllm-metrics-url",
+            "http://127.0.0.1:1/metrics",
+            "--kv-events-connect",
+            "tcp://127.0.0.1:1",
+            "--config",
+            config.to_str().unwrap(),
+        ],
     );
     let (code, body) = d.http_get("/metrics");
     assert_eq!(code, 200);
