@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::EngineSpec;
 use crate::demo_summary::{summary, Outcome};
-use crate::demo_view::{intro, render, Phase, CACHE_BLOCKS, CONCURRENCY, HOP_MS, RANKS};
+use crate::demo_view::{intro, prefix_aware, render, Phase, CACHE_BLOCKS, CONCURRENCY, HOP_MS, RANKS};
 use crate::demo_view::{OUTPUT_TOKENS, PREFIX_TOKENS, QUESTION_TOKENS, TENANTS};
+use crate::error::NetError;
+use crate::error::SimError;
 use crate::link::{Link, ProbeVia};
 use crate::local::{DaemonSettings, Local};
 use crate::model::DEFAULT_COST;
-use crate::net::NetError;
 use crate::prefix_cache::CacheSpec;
 use crate::prompts::Workload;
 use crate::record::{Live, Recorder};
 use crate::workload::{Lengths, Load};
 use crate::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use crate::SimError;
 use dpcoord::io::http;
 use dpcoord::wire::StateView;
 
@@ -43,7 +43,7 @@ pub struct DemoArgs {
     pub seconds: u64,
     /// `routing.policy` of the third phase: `cache_aware` reads the engines' KV events and sends
     /// each request where its prefix is cached; `least_load` & co. balance load only.
-    #[arg(long, value_name = "NAME", default_value = "cache_aware", value_parser = crate::policy_names())]
+    #[arg(long, value_name = "NAME", default_value = "cache_aware", value_parser = crate::args::policy_names())]
     pub policy: String,
     /// Frontends (API servers) sharing the requests in flight; with more of them, vLLM's rule
     /// guesses more of the others' picks (dpcoord counts them).
@@ -95,12 +95,6 @@ fn workload(policy: &str, phase: Phase, frontends: u32) -> ArmSpec {
         },
         replay: None,
     }
-}
-
-/// Whether the demo's frontends send prompts and its engines publish KV events
-/// (`cache_aware`, `lmetric`).
-pub(super) fn prefix_aware(policy: &str) -> bool {
-    dpcoord::routing::PolicyKind::parse(policy).is_some_and(|p| p.uses_prefix())
 }
 
 /// The default metrics port if free, else any free port on loopback.

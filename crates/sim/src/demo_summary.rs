@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::net::SocketAddr;
 
-use super::demo_view::{Phase, CONCURRENCY, RANKS};
+use super::demo_view::{prefix_aware, Phase, CONCURRENCY, RANKS};
 use super::record::{std_dev, Recorder};
 use super::report::{ms, thousands};
 
@@ -94,7 +94,7 @@ pub fn summary(outcomes: &[Outcome], metrics: SocketAddr, frontends: u32, policy
             o.hit * 100.0,
         );
     }
-    let dpcoord = if super::demo::prefix_aware(policy) {
+    let dpcoord = if prefix_aware(policy) {
         "and, from the engines' KV events, sends each request where its prefix is cached.".to_owned()
     } else {
         format!("and ({policy}), like vLLM's rule, ignores prefixes.")

@@ -66,7 +66,7 @@ impl Phase {
                  counts its pick {} until the next snapshot; it knows nothing of prefixes",
                 times(frontends)
             ),
-            Phase::Dpcoord if super::demo::prefix_aware(policy) => format!(
+            Phase::Dpcoord if prefix_aware(policy) => format!(
                 "phase 3/3, through dpcoord ({policy}): each frontend asks dpcoord, which counts every\n\
                  placement (pending: not yet in the engine's stats) and, from the engines' KV events, sends\n\
                  each request where its prefix is cached"
@@ -94,6 +94,12 @@ fn times(n: u32) -> String {
         2 => "twice".to_owned(),
         n => format!("{n} times"),
     }
+}
+
+/// Whether the demo's frontends send prompts and its engines publish KV events
+/// (`cache_aware`, `lmetric`).
+pub(super) fn prefix_aware(policy: &str) -> bool {
+    dpcoord::routing::PolicyKind::parse(policy).is_some_and(|p| p.uses_prefix())
 }
 
 /// What every phase sends: shared-prefix prompts (`prompts::Workload::Shared`).

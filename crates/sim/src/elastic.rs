@@ -9,14 +9,16 @@
 
 use std::fmt::Write;
 
+use super::args::SimArgs;
+use super::error::SimError;
 use super::link::ProbeVia;
 use super::local::DaemonSettings;
 use super::phase::Phase;
-use super::record::ArmResult;
 use super::report::{self, join, ms, thousands};
 use super::scenario::{base, describe, nominal_us, policies, probe, run_arm, Outcome};
+use super::summary::ArmResult;
+use super::svg;
 use super::world::ArmSpec;
-use super::{svg, SimArgs, SimError};
 
 /// The table's sizes: `(start, up, down)`, 8 -> 12 -> 6 for 8 ranks.
 fn sizes(ranks: u32) -> (u32, u32, u32) {

@@ -9,12 +9,14 @@
 
 use std::fmt::Write;
 
+use super::args::{DaemonMode, SimArgs};
+use super::error::SimError;
 use super::local::DaemonSettings;
 use super::model::Micros;
-use super::record::ArmResult;
 use super::scenario::{base, describe, nominal_us, policies, run_arm, Outcome, Stop};
+use super::summary::ArmResult;
 use super::world::{ArmSpec, BEAT};
-use super::{report, svg, DaemonMode, SimArgs, SimError};
+use super::{report, svg};
 use dpcoord::config::keys;
 
 /// A frontend's wait for a request's next token (the first, from its

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::net::NetError;
+use super::error::NetError;
 use super::prefix_cache::KvEvent;
 use super::stepped::{SourcePeer, Wiring};
 use dpcoord::wire::SourceKind;

@@ -11,8 +11,7 @@ use dpcoord::io::daemon::Daemon;
 use dpcoord::io::reload::ConfigSource;
 use dpcoord::routing::Published;
 
-use super::net::Endpoints;
-use super::SimError;
+use super::error::SimError;
 
 /// A directory only this process uses, removed on drop.
 pub struct PrivateDir {
@@ -44,6 +43,18 @@ impl Drop for PrivateDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// The daemon's three ZeroMQ endpoints, and the SGLang load PUBs it
+/// subscribes to (one per rank; none when engines send `StatsUpdate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    pub route: String,
+    pub health: String,
+    pub stats: String,
+    pub load: Vec<String>,
+    /// The KV-event PUBs each engine binds (one per rank; none when engines publish no events).
+    pub kv: Vec<String>,
 }
 
 /// Daemon settings a run chooses; everything else keeps its default.

@@ -7,36 +7,9 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::error::NetError;
 use super::stepped::{QueryPeer, SourcePeer, Wiring};
 use dpcoord::wire::{Channel, SourceKind};
-
-#[derive(Debug, thiserror::Error)]
-pub enum NetError {
-    #[error("zeromq: {0}")]
-    Zmq(#[from] zmq::Error),
-    #[error("dpcoord did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("cannot encode a query: {0}")]
-    Encode(#[from] rmp_serde::encode::Error),
-    #[error("undecodable reply from dpcoord: {0}")]
-    Decode(#[from] rmp_serde::decode::Error),
-    #[error("dpcoord refused `{op}`: {code}: {message}")]
-    Refused { op: &'static str, code: String, message: String },
-    #[error("ranks did not come up within {0:?}; are the engines publishing to the stats endpoint?")]
-    NotUp(Duration),
-}
-
-/// The daemon's three ZeroMQ endpoints, and the SGLang load PUBs it
-/// subscribes to (one per rank; none when engines send `StatsUpdate`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoints {
-    pub route: String,
-    pub health: String,
-    pub stats: String,
-    pub load: Vec<String>,
-    /// The KV-event PUBs each engine binds (one per rank; none when engines publish no events).
-    pub kv: Vec<String>,
-}
 
 #[derive(Serialize)]
 struct Query<'a> {

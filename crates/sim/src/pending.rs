@@ -21,14 +21,16 @@
 
 use std::fmt::Write;
 
+use super::args::{DaemonMode, SimArgs};
+use super::error::SimError;
 use super::local::DaemonSettings;
 use super::model::{Micros, SimEngine, DEFAULT_COST};
-use super::record::ArmResult;
 use super::report::{self, join, ms, thousands};
 use super::scenario::{base, run_arm, Outcome};
+use super::summary::ArmResult;
+use super::svg;
 use super::workload::Load;
 use super::world::{ArmSpec, Handoff};
-use super::{svg, DaemonMode, SimArgs, SimError};
 
 const FRONTENDS: [u32; 3] = [1, 4, 16];
 const ARMS: [&str; 3] = ["exact", "reconcile", "overwrite"];

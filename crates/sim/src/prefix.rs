@@ -8,36 +8,25 @@
 //! an oracle that reads every rank's true cache), each at 1 and 4 frontends.
 //! `--sweep` varies the `cache_aware` weights instead.
 
+use super::args::SimArgs;
+use super::arms;
 use super::cluster::EngineSpec;
+use super::error::SimError;
 use super::local::DaemonSettings;
 use super::model::DEFAULT_COST;
 use super::prefix_cache::CacheSpec;
 use super::prefix_report as report;
-use super::prompts::Workload;
-use super::record::ArmResult;
+use super::prompts::{workloads, Workload};
 use super::scenario::{base, run_arm, Outcome};
+use super::summary::ArmResult;
 use super::workload::Load;
 use super::world::{ArmSpec, CacheWeights, Prompts};
-use super::{SimArgs, SimError};
 
 /// Tokens per KV block of the simulated engines.
 pub const BLOCK: u32 = 16;
 
 /// Requests per arm unless `--requests` says otherwise.
 pub const REQUESTS: u64 = 960;
-
-/// The arms, in table order.
-pub const ARMS: [&str; 6] =
-    ["round_robin", "least_load", "lmetric/events", "cache_aware/approx", "cache_aware/events", "oracle"];
-
-/// The workloads, scaled from llm-d's 150 tenants x 6k + 1.2k to runs of seconds.
-pub fn workloads() -> [Workload; 3] {
-    [
-        Workload::Shared { tenants: 48, prefix: 3072, question: 640, output: 32 },
-        Workload::Chat { turns: 6, first: 1024, user: 256, answer: 128 },
-        Workload::Random { prompt: 3712, output: 32 },
-    ]
-}
 
 fn weights_of(w: CacheWeights) -> Vec<(&'static str, toml::Value)> {
     vec![
@@ -108,7 +97,7 @@ fn chosen(a: &SimArgs) -> Vec<Workload> {
 /// The arms `--policy` names (an arm's name or its policy), or all five.
 fn chosen_arms(a: &SimArgs) -> Vec<&'static str> {
     let named = |arm: &str| a.policies.iter().any(|p| arm == p || arm.split('/').next() == Some(p.as_str()));
-    ARMS.into_iter().filter(|arm| a.policies.is_empty() || named(arm)).collect()
+    arms::PREFIX.into_iter().filter(|arm| a.policies.is_empty() || named(arm)).collect()
 }
 
 pub(super) fn setup(a: &SimArgs) -> String {

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::prompts::Workload;
-use super::record::ArmResult;
 use super::report::{join, ms, thousands};
+use super::summary::ArmResult;
 
 const COLOURS: [&str; 12] = [
     "#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",

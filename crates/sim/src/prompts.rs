@@ -93,6 +93,16 @@ impl Workload {
     }
 }
 
+/// The workloads of `sim prefix` (and `sim vllm-dp`), scaled from llm-d's
+/// 150 tenants x 6k + 1.2k to runs of seconds; `--workload` names one.
+pub fn workloads() -> [Workload; 3] {
+    [
+        Workload::Shared { tenants: 48, prefix: 3072, question: 640, output: 32 },
+        Workload::Chat { turns: 6, first: 1024, user: 256, answer: 128 },
+        Workload::Random { prompt: 3712, output: 32 },
+    ]
+}
+
 /// Appends `n` token ids drawn from `rng`.
 pub(super) fn draw(rng: &mut SmallRng, n: u32, out: &mut Vec<u32>) {
     out.extend((0..n).map(|_| rng.random_range(1..VOCAB)));

@@ -6,8 +6,9 @@
 //! run) and sends when the stat changed since its last send, or an
 //! unchanged stat once a second: SGLang's on-change stream and heartbeat.
 
+use super::error::NetError;
 use super::model::{Micros, SimEngine};
-use super::net::{NetError, StatsPub};
+use super::net::StatsPub;
 use super::stepped::{SourcePeer, Wiring};
 use dpcoord::wire::SourceKind;
 

@@ -1,12 +1,12 @@
 //! What a run did: every request's timeline, placements and probes per rank,
 //! dpcoord's table at the start and at each resize, periodic samples for the
-//! chart, and the numbers a report shows.
+//! chart. The numbers a report shows are `summary`'s, cut into phases by
+//! `phase`; both stand on this module.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::model::Micros;
-use super::phase::{self, Phase};
 use super::prompts::Prompt;
 
 /// One user request from its first send to its last token.
@@ -236,44 +236,6 @@ impl Recorder {
         let placements = self.placements.clone();
         self.tables.push(TableStart { at, dp_size, epoch, placements, prefilled });
     }
-
-    /// The numbers of a finished run.
-    pub fn summarize(&self, name: &str, policy: &str, sync_timeouts: u64) -> ArmResult {
-        let done: Vec<&Request> = self.requests.iter().filter(|r| r.done.is_some()).collect();
-        let mut ttft: Vec<Micros> =
-            done.iter().filter_map(|r| r.first_token.map(|t| t.saturating_sub(r.issued))).collect();
-        ttft.sort_unstable();
-        let makespan = done.iter().filter_map(|r| r.done).max().unwrap_or(0);
-        ArmResult {
-            name: name.to_owned(),
-            policy: policy.to_owned(),
-            completed: done.len() as u64,
-            lost: (self.requests.len() - done.len()) as u64,
-            retries: self.requests.iter().map(|r| u64::from(r.attempts.saturating_sub(1))).sum(),
-            input_tokens: done.iter().map(|r| u64::from(r.prompt)).sum(),
-            makespan,
-            ttft_p50: percentile(&ttft, 50),
-            ttft_p90: percentile(&ttft, 90),
-            ttft_p99: percentile(&ttft, 99),
-            cached_tokens: done.iter().map(|r| u64::from(r.cached)).sum(),
-            output_tokens: done.iter().map(|r| u64::from(r.output)).sum(),
-            hits: self.hits.clone(),
-            placements: self.placements.clone(),
-            probes: self.probes.clone(),
-            probe_failures: self.probe_failures,
-            refusals: self.refusals,
-            sync_timeouts,
-            samples: self.samples.clone(),
-            marks: self.marks.clone(),
-            phases: phase::phases(self, makespan),
-            pending: self.pending,
-            late: self.late,
-            death: self.death,
-            hang: self.hang,
-            timeouts: self.timeouts,
-            off_node: self.off_node,
-        }
-    }
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -293,64 +255,6 @@ pub fn std_dev(xs: &[u64]) -> f64 {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<u64>() as f64 / n;
     (xs.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
-}
-
-/// One arm of a scenario, summarized.
-#[derive(Debug, Clone)]
-pub struct ArmResult {
-    pub name: String,
-    pub policy: String,
-    pub completed: u64,
-    /// Requests sent but never completed.
-    pub lost: u64,
-    pub retries: u64,
-    pub input_tokens: u64,
-    /// Virtual time of the last completion.
-    pub makespan: Micros,
-    pub ttft_p50: Micros,
-    pub ttft_p90: Micros,
-    pub ttft_p99: Micros,
-    /// Prompt tokens of completed requests their engine found cached.
-    pub cached_tokens: u64,
-    pub output_tokens: u64,
-    /// Per rank, `[prompt tokens, of them cached]`.
-    pub hits: Vec<[u64; 2]>,
-    /// User requests handed to each rank.
-    pub placements: Vec<u64>,
-    pub probes: Vec<u64>,
-    pub probe_failures: u64,
-    pub refusals: u64,
-    pub sync_timeouts: u64,
-    pub samples: Vec<Sample>,
-    pub marks: Vec<Mark>,
-    /// The run cut at each resize of dpcoord's table.
-    pub phases: Vec<Phase>,
-    pub pending: PendingError,
-    pub late: u64,
-    pub death: Option<Death>,
-    pub hang: Option<Death>,
-    pub timeouts: u64,
-    /// Over nodes: user placements outside the asking API server's node.
-    pub off_node: u64,
-}
-
-impl ArmResult {
-    /// Input tokens per virtual second.
-    pub fn input_tps(&self) -> f64 {
-        if self.makespan == 0 {
-            return 0.0;
-        }
-        self.input_tokens as f64 / (self.makespan as f64 / 1e6)
-    }
-
-    pub fn placement_std(&self) -> f64 {
-        std_dev(&self.placements)
-    }
-
-    /// Cached prompt tokens / prompt tokens, over completed requests.
-    pub fn hit_rate(&self) -> f64 {
-        self.cached_tokens as f64 / self.input_tokens.max(1) as f64
-    }
 }
 
 /// Adds one to a live counter.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::record::ArmResult;
+use super::summary::ArmResult;
 
 /// Groups digits in threes: `94812` -> `94,812`.
 pub fn thousands(n: u64) -> String {

@@ -2,21 +2,25 @@
 //!
 //! Every arm gets a fresh in-process dpcoord and a fresh simulated cluster;
 //! arms of one scenario differ only in what the scenario compares (health
-//! traffic, or the routing policy). `elastic` has a module of its own.
+//! traffic, or the routing policy). The later scenarios (`hung`, `elastic`,
+//! `pending`, `prefix`, `vllm_dp`, `trace`) have modules of their own,
+//! standing on this one's arm helpers; `lib.rs` runs the one asked for.
 
 use std::fmt::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use super::args::{DaemonMode, SimArgs};
 use super::cluster::EngineSpec;
+use super::error::SimError;
 use super::link::{Link, ProbeVia};
 use super::local::{accepted_policies, DaemonSettings, Local};
 use super::model::{Micros, SimEngine, DEFAULT_COST};
-use super::record::ArmResult;
 use super::stepped::{Core, Wiring};
+use super::summary::ArmResult;
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use super::{elastic, hung, pending, prefix, report, svg, trace, vllm_dp, DaemonMode, Scenario, SimArgs, SimError};
+use super::{report, svg};
 use dpcoord::config::keys;
 
 /// One scenario's report and chart.
@@ -121,7 +125,7 @@ pub(super) fn probe(a: &SimArgs, via: ProbeVia) -> Option<Probe> {
     Some(Probe { every: a.probe_every_ms.max(1) * 1000, via })
 }
 
-fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
+pub(super) fn health_matrix(a: &SimArgs) -> Result<Outcome, SimError> {
     let policy = a.policies.first().cloned().unwrap_or_else(|| "round_robin".into());
     let settings = DaemonSettings::defaults(a.ranks, &policy);
     let arms = [
@@ -254,12 +258,12 @@ impl Stop<'_> {
     }
 }
 
-fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
+pub(super) fn slow_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let spec = ArmSpec { slow: Some((0, 50)), probe: probe(a, ProbeVia::Health), ..base(a, "slow-rank", false) };
     compare(a, "slow-rank", "rank 0 runs at half speed", spec)
 }
 
-fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
+pub(super) fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     let rank = 3 % a.ranks;
     let at = nominal_us(a) * 3 / 10;
     let spec = ArmSpec { kill: Some((rank, at)), probe: probe(a, ProbeVia::Health), ..base(a, "dead-rank", true) };
@@ -278,37 +282,10 @@ fn dead_rank(a: &SimArgs) -> Result<Outcome, SimError> {
     compare(a, "dead-rank", &title, spec)
 }
 
-fn hetero_prompts(a: &SimArgs) -> Result<Outcome, SimError> {
+pub(super) fn hetero_prompts(a: &SimArgs) -> Result<Outcome, SimError> {
     let lo = (a.input_tokens / 16).max(1);
     let hi = a.input_tokens.saturating_mul(2).saturating_sub(lo).max(lo);
     let mut spec = ArmSpec { probe: probe(a, ProbeVia::Health), ..base(a, "hetero-prompts", true) };
     spec.lengths.input = (lo, hi);
     compare(a, "hetero-prompts", &format!("prompt lengths uniform in {lo}..={hi} tokens"), spec)
-}
-
-/// Runs scenario `s` (`all` runs each in turn), handing each outcome to
-/// `emit`; fails after emitting an outcome that broke its promise.
-pub fn run(s: Scenario, a: &SimArgs, emit: &mut dyn FnMut(Outcome) -> Result<(), SimError>) -> Result<(), SimError> {
-    let outcome = match s {
-        Scenario::All => {
-            let each = [Scenario::HealthMatrix, Scenario::SlowRank, Scenario::DeadRank, Scenario::HeteroPrompts];
-            for one in each.into_iter().chain([Scenario::HungRank, Scenario::Elastic, Scenario::Pending]) {
-                run(one, a, emit)?;
-            }
-            return Ok(());
-        }
-        Scenario::HealthMatrix => health_matrix(a)?,
-        Scenario::SlowRank => slow_rank(a)?,
-        Scenario::DeadRank => dead_rank(a)?,
-        Scenario::HeteroPrompts => hetero_prompts(a)?,
-        Scenario::HungRank => hung::hung_rank(a)?,
-        Scenario::Elastic => elastic::elastic(a)?,
-        Scenario::Pending => pending::pending(a)?,
-        Scenario::Prefix => prefix::prefix(a)?,
-        Scenario::VllmDp => vllm_dp::vllm_dp(a)?,
-        Scenario::Trace => trace::trace(a)?,
-    };
-    let broken = outcome.broken.clone().map(|b| SimError::Broken { scenario: outcome.name, what: b });
-    emit(outcome)?;
-    broken.map_or(Ok(()), Err)
 }

@@ -20,10 +20,9 @@ use dpcoord::observability::metrics::Metrics;
 use dpcoord::routing::Coordinator;
 use dpcoord::wire::{Channel, SourceKind};
 
-use super::local::DaemonSettings;
+use super::error::{NetError, SimError};
+use super::local::{DaemonSettings, Endpoints};
 use super::model::Micros;
-use super::net::{Endpoints, NetError};
-use super::SimError;
 
 /// How long any reply from a daemon on its own thread may take before the run fails.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,8 +6,9 @@
 use std::fmt::Write;
 
 use super::model::Micros;
-use super::record::{ArmResult, Happened, Sample};
-use super::svg::Frame;
+use super::record::{Happened, Sample};
+use super::summary::ArmResult;
+use super::svg_frame::{Frame, PANEL_H};
 
 /// Shades of the heat strip, white (nothing held) to dark blue (the most any rank held).
 pub const SHADES: usize = 12;
@@ -72,7 +73,7 @@ pub fn marker(out: &mut String, what: &Happened, x: f64, y: f64, size: f64) {
 /// The work each rank holds over time, a row per rank, with its events.
 pub fn heat(out: &mut String, f: &Frame, arm: &ArmResult, w_max: f64) {
     let ranks = arm.samples.first().map_or(0, |s| s.work.len());
-    let row = super::svg::PANEL_H / ranks.max(1) as f64;
+    let row = PANEL_H / ranks.max(1) as f64;
     let font = row.clamp(6.0, 10.0);
     for (rank, from, to, why, labelled) in absences(arm, ranks) {
         let (x0, x1) = (f.px(from), f.px(to));

@@ -10,28 +10,22 @@ use std::fmt::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::args::SimArgs;
+use super::arms;
+use super::error::SimError;
 use super::model::DEFAULT_COST;
 use super::prefix::{self, BLOCK};
 use super::prefix_cache::CacheSpec;
 use super::prefix_report as report;
-use super::record::ArmResult;
 use super::report::thousands;
 use super::scenario::{run_arm, Outcome};
+use super::summary::ArmResult;
 use super::trace_bound::bound;
 use super::trace_file::{self, Trace};
 use super::trace_gen::{self, Shape};
 use super::trace_replay::Replay;
 use super::workload::Load;
 use super::world::CacheWeights;
-use super::{SimArgs, SimError};
-
-/// The arms, in table order.
-pub const ARMS: [&str; 6] =
-    ["round_robin", "least_load", "lmetric/events", "cache_aware/approx", "cache_aware/events", "bound"];
-
-/// Each rank's KV memory unless `--cache-blocks` says otherwise: 256k
-/// tokens, some 30 of the agentic trace's requests.
-pub const CACHE_BLOCKS: u64 = 16_384;
 
 /// Rows `--generate` writes unless `--requests` says otherwise.
 pub const GENERATED: u64 = 2000;
@@ -76,7 +70,7 @@ fn run(a: &SimArgs, replay: &Arc<Replay>, arm: &str, frontends: u32) -> Result<A
 /// The arms `--policy` names (an arm's name or its policy), or all.
 fn chosen_arms(a: &SimArgs) -> Vec<&'static str> {
     let named = |arm: &str| a.policies.iter().any(|p| arm == p || arm.split('/').next() == Some(p.as_str()));
-    ARMS.into_iter().filter(|arm| a.policies.is_empty() || named(arm)).collect()
+    arms::TRACE.into_iter().filter(|arm| a.policies.is_empty() || named(arm)).collect()
 }
 
 fn find<'a>(arms: &'a [ArmResult], policy: &str, fe: &str) -> Option<&'a ArmResult> {

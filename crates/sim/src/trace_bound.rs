@@ -23,7 +23,8 @@
 use std::collections::HashMap;
 
 use super::model::{Micros, StepCost};
-use super::record::{ArmResult, Recorder, Request};
+use super::record::{Recorder, Request};
+use super::summary::ArmResult;
 use super::trace_replay::Replay;
 
 /// The bound as an arm result, labelled `bound` at `frontends` frontends.

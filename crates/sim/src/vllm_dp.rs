@@ -11,18 +11,17 @@
 
 use std::fmt::Write;
 
+use super::args::SimArgs;
+use super::arms;
+use super::error::SimError;
 use super::prefix;
 use super::prefix_report as report;
-use super::prompts::Workload;
-use super::record::ArmResult;
+use super::prompts::{workloads, Workload};
 use super::report::{ms, thousands};
 use super::scenario::{run_arm, Outcome};
 use super::stale::StaleRule;
+use super::summary::ArmResult;
 use super::world::CacheWeights;
-use super::{SimArgs, SimError};
-
-/// The arms, in table order.
-pub const ARMS: [&str; 3] = ["vllm-rule", "least_load", "cache_aware/events"];
 
 /// API servers per run (`--api-server-count`).
 pub const API_SERVERS: [u32; 2] = [2, 4];
@@ -37,7 +36,7 @@ const SNAPSHOT_US: u64 = 100_000;
 /// Runs one arm with `k` API servers over `nodes` nodes; its result is
 /// labelled with the arm's name.
 fn run(a: &SimArgs, w: Workload, arm: &str, k: u32, nodes: u32) -> Result<ArmResult, SimError> {
-    let vllm = arm == ARMS[0];
+    let vllm = arm == arms::VLLM_DP[0];
     // vLLM's API servers pin their own picks; dpcoord's settings are then unused.
     let (mut spec, settings) = prefix::arm(a, w, if vllm { "least_load" } else { arm }, k, CacheWeights::default());
     if vllm {
@@ -53,8 +52,8 @@ fn run(a: &SimArgs, w: Workload, arm: &str, k: u32, nodes: u32) -> Result<ArmRes
 /// `--workload`, or the shared-prefix workload.
 fn chosen(a: &SimArgs) -> Vec<Workload> {
     let named = |w: &Workload| a.workloads.iter().any(|n| n == w.name());
-    let [shared, ..] = prefix::workloads();
-    let picked: Vec<Workload> = prefix::workloads().into_iter().filter(named).collect();
+    let [shared, ..] = workloads();
+    let picked: Vec<Workload> = workloads().into_iter().filter(named).collect();
     if picked.is_empty() {
         vec![shared]
     } else {
@@ -81,8 +80,8 @@ fn verdict(arms: &[ArmResult], lead: &str) -> String {
     let mut out = String::new();
     for k in API_SERVERS {
         let at = |arm: &str| find(arms, arm, k);
-        let Some(vllm) = at(ARMS[0]) else { continue };
-        for arm in &ARMS[1..] {
+        let Some(vllm) = at(arms::VLLM_DP[0]) else { continue };
+        for arm in &arms::VLLM_DP[1..] {
             let Some(d) = at(arm) else { continue };
             let _ = writeln!(out, "{lead}{k} API servers, {arm} vs vllm-rule: {}", versus(d, vllm));
         }
@@ -113,7 +112,7 @@ fn versus(a: &ArmResult, b: &ArmResult) -> String {
 fn node_verdict(one: &[ArmResult], split: &[ArmResult], nodes: u32) -> String {
     let mut out = String::new();
     for k in API_SERVERS {
-        for arm in ARMS {
+        for arm in arms::VLLM_DP {
             let (Some(o), Some(s)) = (find(one, arm, k), find(split, arm, k)) else { continue };
             let _ = writeln!(out, "{k} API servers, {arm} on {nodes} nodes vs 1: {}", versus(s, o));
         }
@@ -154,7 +153,7 @@ pub fn vllm_dp(a: &SimArgs) -> Result<Outcome, SimError> {
     for w in chosen(a) {
         let mut results = Vec::new();
         for k in API_SERVERS {
-            for arm in ARMS {
+            for arm in arms::VLLM_DP {
                 results.push(run(a, w, arm, k, 1)?);
             }
         }
@@ -164,7 +163,7 @@ pub fn vllm_dp(a: &SimArgs) -> Result<Outcome, SimError> {
         if a.nodes > 1 {
             let mut split = Vec::new();
             for k in API_SERVERS {
-                for arm in ARMS {
+                for arm in arms::VLLM_DP {
                     split.push(run(a, w, arm, k, a.nodes)?);
                 }
             }
@@ -215,9 +214,9 @@ mod tests {
     #[test]
     fn over_two_nodes_every_arm_keeps_each_request_on_its_node() {
         let a = args(&["--nodes", "2"]);
-        let [shared, ..] = prefix::workloads();
+        let [shared, ..] = workloads();
         for k in API_SERVERS {
-            for arm in ARMS {
+            for arm in arms::VLLM_DP {
                 let r = run(&a, shared, arm, k, 2).unwrap();
                 assert_eq!((r.completed, r.lost, r.off_node), (240, 0, 0), "{arm} at {k} API servers");
                 let node = |ranks: std::ops::Range<usize>| r.placements[ranks].iter().sum::<u64>();
@@ -236,8 +235,9 @@ mod tests {
             makespan: 1_000_000,
             ..rec.summarize(&name, arm, 0)
         };
-        let one: Vec<ArmResult> = ARMS.iter().map(|arm| result(arm, format!("{arm}/2"), 1000)).collect();
-        let mut split: Vec<ArmResult> = ARMS.iter().map(|arm| result(arm, format!("2 nodes: {arm}/2"), 900)).collect();
+        let one: Vec<ArmResult> = arms::VLLM_DP.iter().map(|arm| result(arm, format!("{arm}/2"), 1000)).collect();
+        let mut split: Vec<ArmResult> =
+            arms::VLLM_DP.iter().map(|arm| result(arm, format!("2 nodes: {arm}/2"), 900)).collect();
         let text = node_verdict(&one, &split, 2);
         assert!(text.starts_with(
             "2 API servers, vllm-rule on 2 nodes vs 1: input tok/s 900 vs 1,000 (x0.90), ttft p50 0.0 vs 0.0 ms"

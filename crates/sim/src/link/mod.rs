@@ -10,9 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::NetError;
 use super::kv_pub::KvPub;
+use super::local::Endpoints;
 use super::model::{Micros, SimEngine};
-use super::net::{Answer, Endpoints, NetError, Rpc, StatsPub};
+use super::net::{Answer, Rpc, StatsPub};
 use super::prefix_cache::KvEvent;
 use super::publisher::{LoadPub, Publisher};
 use super::stepped::Wiring;

@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use super::Link;
+use crate::error::NetError;
 use crate::kv_pub::KvPub;
-use crate::net::NetError;
 use crate::publisher::Publisher;
 
 /// Longest wait for dpcoord to catch up with published stats in sync mode.

@@ -21,9 +21,10 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::cluster::Cluster;
+use super::error::NetError;
 use super::link::Link;
 use super::model::{Advance, Micros};
-use super::net::{Answer, NetError};
+use super::net::Answer;
 use super::nodes::Nodes;
 use super::prompts::{Prompt, Source};
 use super::record::{bump, Death, Happened, Live, Recorder};

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use rand::Rng;
 
 use super::{Event, World, RETRY_AFTER};
+use crate::error::NetError;
 use crate::model::Job;
-use crate::net::{Answer, NetError};
+use crate::net::Answer;
 use crate::oracle;
 use crate::prompts::Source;
 use crate::record::Request;
