@@ -203,124 +203,197 @@ pub fn serve(
     fds: Budget,
     source: ConfigSource,
 ) -> Result<(), TransportError> {
-    let Sockets { sources, route, health, zap, monitors, links, .. } = &sockets;
-    let polled: Vec<Polled<'_>> = monitors
-        .iter()
-        .enumerate()
-        .map(|(i, m)| Polled::Monitor(i, m))
-        .chain([Polled::Zap(zap)])
-        .chain(links.iter().enumerate().map(|(i, l)| Polled::Link(i, l)))
-        .chain(sources.iter().map(Polled::Source))
-        .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
-        .collect();
-    let mut items = Vec::with_capacity(polled.len() + 1);
-    for p in &polled {
-        items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
-    }
-    let kv_sources: Vec<usize> =
-        (0..polled.len()).filter(|&i| matches!(&polled[i], Polled::Source(s) if s.off_thread)).collect();
-    let mut kv = match kv_sources.is_empty() {
-        true => None,
-        false => {
-            let bound = kv_decode::queue_bytes(coord.source_limits().kv_batch);
-            let decoder = KvDecoder::start(bound).map_err(TransportError::DecodeThread)?;
-            items.push(zmq::PollItem::from_fd(decoder.bell_fd(), zmq::POLLIN));
-            Some(Kv { decoder, blocked: false })
-        }
-    };
-    let reloads = Reloads::start(source).map_err(TransportError::Thread)?;
-    let reload_bell = reloads.bell_fd().map(|fd| {
-        items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
-        items.len() - 1
-    });
-    let drops = Drops::new(&coord.metrics().registry);
-    let mut gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
-    let mut relinks = Relinks::new(links, sources, &coord.metrics().registry);
-    let mut q = Queries { frames: Frames::new(), coord, drops, reloads };
-    let mut requests = Vec::new();
-    // Every socket is read once before the first wait, which arms its ZMQ_FD.
-    let mut unfinished = vec![true; polled.len()];
+    let mut serving = Serving::start(&sockets, coord, fds, source)?;
     while !control.stop.load(Ordering::Relaxed) {
+        serving.round(control)?;
+    }
+    serving.stop()
+}
+
+/// The serving loop's state between rounds.
+struct Serving<'a> {
+    sockets: &'a Sockets,
+    /// The sockets in serving order; `items[i]` is `polled[i]`'s descriptor.
+    polled: Vec<Polled<'a>>,
+    /// A descriptor per `polled`, then the KV decoder's bell (with a
+    /// decoder), then the reload reader's (with one).
+    items: Vec<zmq::PollItem<'a>>,
+    /// Where in `polled` the sources decoded off this thread are.
+    kv_sources: Vec<usize>,
+    kv: Option<Kv>,
+    /// Where in `items` the reload reader's bell is.
+    reload_bell: Option<usize>,
+    gate: Gate<'a>,
+    relinks: Relinks,
+    q: Queries<'a>,
+    /// What the coordinator asks of sources, sent at the end of a round.
+    requests: Vec<SourceRequest>,
+    /// Sockets to read again without waiting: their batch limit stopped them.
+    unfinished: Vec<bool>,
+}
+
+impl<'a> Serving<'a> {
+    /// Lists the sockets in serving order with their descriptors, and starts
+    /// the KV decoder (when a source is decoded off this thread) and the
+    /// reload reader.
+    fn start(
+        sockets: &'a Sockets,
+        coord: &'a mut Coordinator,
+        fds: Budget,
+        source: ConfigSource,
+    ) -> Result<Self, TransportError> {
+        let Sockets { sources, route, health, zap, monitors, links, .. } = sockets;
+        let polled: Vec<Polled<'a>> = monitors
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Polled::Monitor(i, m))
+            .chain([Polled::Zap(zap)])
+            .chain(links.iter().enumerate().map(|(i, l)| Polled::Link(i, l)))
+            .chain(sources.iter().map(Polled::Source))
+            .chain([Polled::Query(route, Channel::Route), Polled::Query(health, Channel::Health)])
+            .collect();
+        let mut items = Vec::with_capacity(polled.len() + 1);
+        for p in &polled {
+            items.push(zmq::PollItem::from_fd(p.socket().get_fd().map_err(sock_err(p.name()))?, zmq::POLLIN));
+        }
+        let kv_sources: Vec<usize> =
+            (0..polled.len()).filter(|&i| matches!(&polled[i], Polled::Source(s) if s.off_thread)).collect();
+        let kv = match kv_sources.is_empty() {
+            true => None,
+            false => {
+                let bound = kv_decode::queue_bytes(coord.source_limits().kv_batch);
+                let decoder = KvDecoder::start(bound).map_err(TransportError::DecodeThread)?;
+                items.push(zmq::PollItem::from_fd(decoder.bell_fd(), zmq::POLLIN));
+                Some(Kv { decoder, blocked: false })
+            }
+        };
+        let reloads = Reloads::start(source).map_err(TransportError::Thread)?;
+        let reload_bell = reloads.bell_fd().map(|fd| {
+            items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+            items.len() - 1
+        });
+        let drops = Drops::new(&coord.metrics().registry);
+        let gate = Gate::new(Peers::new(monitors, &coord.metrics().registry), monitors, fds);
+        let relinks = Relinks::new(links, sources, &coord.metrics().registry);
+        let q = Queries { frames: Frames::new(), coord, drops, reloads };
+        // Every socket is read once before the first wait, which arms its ZMQ_FD.
+        let unfinished = vec![true; polled.len()];
+        let requests = Vec::new();
+        Ok(Serving { sockets, polled, items, kv_sources, kv, reload_bell, gate, relinks, q, requests, unfinished })
+    }
+
+    /// One poll round: a reload asked for, a tick when due, the wait, the
+    /// sockets, what the reload reader finished, KV work, the source links
+    /// due again, and what the coordinator asks of sources.
+    fn round(&mut self, control: &Control) -> Result<(), TransportError> {
+        let Sockets { sources, health, links, .. } = self.sockets;
         let now = Instant::now();
         if control.reload.swap(false, Ordering::Relaxed) {
             // SIGHUP answers no one: counted and logged by the coordinator.
-            q.reloads.ask(None, q.coord, now, &mut answer_along(health));
+            self.q.reloads.ask(None, self.q.coord, now, &mut answer_along(health));
         }
-        q.reloads.poll(q.coord, now, &mut answer_along(health));
-        let coord = &mut *q.coord;
-        if now >= coord.next_tick() {
-            coord.tick(now);
+        self.q.reloads.poll(self.q.coord, now, &mut answer_along(health));
+        if now >= self.q.coord.next_tick() {
+            self.q.coord.tick(now);
         }
-        let wake =
-            [relinks.next_due(), q.reloads.next_due()].into_iter().flatten().fold(coord.next_tick(), Instant::min);
-        let kv_busy = kv.as_mut().is_some_and(|kv| coord.kv_pending() || kv.decoder.has_ready());
-        let wait = match unfinished.contains(&true) || kv_busy {
-            true => 0,
-            false => wake.saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
-        };
-        let signalled = match zmq::poll(&mut items, wait) {
+        let wait = self.wait_ms(now);
+        let signalled = match zmq::poll(&mut self.items, wait) {
             Ok(n) => n > 0,
             Err(zmq::Error::EINTR) => true,
             Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
         };
         // A wait that timed out reads every socket anyway: should an edge of
         // a ZMQ_FD ever be missed, the socket stalls for one wait, not forever.
-        let timed_out = wait > 0 && !signalled;
-        for (i, p) in polled.iter().enumerate() {
-            if unfinished[i] || timed_out || items[i].is_readable() {
-                unfinished[i] = p.drain(&mut q, &mut gate, &mut relinks, &mut kv)?;
-            }
+        self.drain_ready(wait > 0 && !signalled)?;
+        if self.reload_bell.is_some_and(|i| self.items[i].is_readable()) {
+            self.q.reloads.quiet();
+            self.q.reloads.poll(self.q.coord, Instant::now(), &mut answer_along(health));
         }
-        if reload_bell.is_some_and(|i| items[i].is_readable()) {
-            q.reloads.quiet();
-            q.reloads.poll(q.coord, Instant::now(), &mut answer_along(health));
-        }
-        if let Some(kv) = &mut kv {
-            if items[polled.len()].is_readable() {
-                kv.decoder.quiet();
-            }
-            let was_blocked = kv.blocked;
-            kv.work(q.coord);
-            // Blocked KV sockets leave the poll (their descriptor would wake
-            // it at once) until the queue has room; then they are read.
-            if kv.blocked && kv.decoder.has_room() {
-                kv.blocked = false;
-            }
-            if kv.blocked != was_blocked || kv.blocked {
-                let events = if kv.blocked { zmq::PollEvents::empty() } else { zmq::POLLIN };
-                for &i in &kv_sources {
-                    items[i].set_events(events);
-                    unfinished[i] |= !kv.blocked;
-                }
-            }
-        }
-        relinks.reconnect_due(links, sources, Instant::now());
-        q.coord.take_source_requests(&mut requests);
-        for r in requests.drain(..) {
+        self.work_kv();
+        self.relinks.reconnect_due(links, sources, Instant::now());
+        self.q.coord.take_source_requests(&mut self.requests);
+        for r in self.requests.drain(..) {
             send_request(sources, &r);
         }
+        Ok(())
     }
-    // Answer what is queued and what is still on its way (sent before the
-    // stop, not arrived yet): serve until both query sockets have been quiet
-    // for STOP_QUIET, or for STOP_BUDGET at most; then close (linger flushes).
-    let stopping = Instant::now();
-    // A read in flight is not waited for (its thread is never joined).
-    q.reloads.stop(q.coord, stopping, &mut answer_along(health));
-    let mut quiet_since = stopping;
-    let mut items = [route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
-    loop {
-        for (s, ch) in [(route, Channel::Route), (health, Channel::Health)] {
-            while serve_one(s, ch, &mut q).map_err(sock_err(ch.as_str()))? {
-                quiet_since = Instant::now();
+
+    /// How long the poll waits, in ms: not at all while a socket or the KV
+    /// work is unfinished, else until the next tick, relink or reload is
+    /// due, at most [`MAX_WAIT`].
+    fn wait_ms(&mut self, now: Instant) -> i64 {
+        let coord = &*self.q.coord;
+        let wake = [self.relinks.next_due(), self.q.reloads.next_due()]
+            .into_iter()
+            .flatten()
+            .fold(coord.next_tick(), Instant::min);
+        let kv_busy = self.kv.as_mut().is_some_and(|kv| coord.kv_pending() || kv.decoder.has_ready());
+        match self.unfinished.contains(&true) || kv_busy {
+            true => 0,
+            false => wake.saturating_duration_since(now).min(MAX_WAIT).as_millis() as i64 + 1,
+        }
+    }
+
+    /// Serves each socket that signalled or was left unfinished; every one
+    /// after a wait that `timed_out`.
+    fn drain_ready(&mut self, timed_out: bool) -> Result<(), TransportError> {
+        for (i, p) in self.polled.iter().enumerate() {
+            if self.unfinished[i] || timed_out || self.items[i].is_readable() {
+                self.unfinished[i] = p.drain(&mut self.q, &mut self.gate, &mut self.relinks, &mut self.kv)?;
             }
         }
-        let left = (quiet_since + STOP_QUIET).min(stopping + STOP_BUDGET).saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(());
+        Ok(())
+    }
+
+    /// Applies decoded KV work for [`KV_BUDGET`], and keeps the KV sources
+    /// out of the poll while the decoder's queue is full.
+    fn work_kv(&mut self) {
+        let Some(kv) = &mut self.kv else { return };
+        if self.items[self.polled.len()].is_readable() {
+            kv.decoder.quiet();
         }
-        match zmq::poll(&mut items, left.as_millis() as i64 + 1) {
-            Ok(_) | Err(zmq::Error::EINTR) => {}
-            Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
+        let was_blocked = kv.blocked;
+        kv.work(self.q.coord);
+        // Blocked KV sockets leave the poll (their descriptor would wake
+        // it at once) until the queue has room; then they are read.
+        if kv.blocked && kv.decoder.has_room() {
+            kv.blocked = false;
+        }
+        if kv.blocked != was_blocked || kv.blocked {
+            let events = if kv.blocked { zmq::PollEvents::empty() } else { zmq::POLLIN };
+            for &i in &self.kv_sources {
+                self.items[i].set_events(events);
+                self.unfinished[i] |= !kv.blocked;
+            }
+        }
+    }
+
+    /// Answers what is queued and what is still on its way (sent before the
+    /// stop, not arrived yet): serves until both query sockets have been
+    /// quiet for [`STOP_QUIET`], or for [`STOP_BUDGET`] at most; then the
+    /// caller closes them (linger flushes).
+    fn stop(mut self) -> Result<(), TransportError> {
+        let Sockets { route, health, .. } = self.sockets;
+        let q = &mut self.q;
+        let stopping = Instant::now();
+        // A read in flight is not waited for (its thread is never joined).
+        q.reloads.stop(q.coord, stopping, &mut answer_along(health));
+        let mut quiet_since = stopping;
+        let mut items = [route.as_poll_item(zmq::POLLIN), health.as_poll_item(zmq::POLLIN)];
+        loop {
+            for (s, ch) in [(route, Channel::Route), (health, Channel::Health)] {
+                while serve_one(s, ch, q).map_err(sock_err(ch.as_str()))? {
+                    quiet_since = Instant::now();
+                }
+            }
+            let left = (quiet_since + STOP_QUIET).min(stopping + STOP_BUDGET).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            match zmq::poll(&mut items, left.as_millis() as i64 + 1) {
+                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Err(e) => return Err(TransportError::Socket { socket: "poll", source: e }),
+            }
         }
     }
 }

@@ -244,83 +244,107 @@ pub(crate) fn built<T>(r: prometheus::Result<T>) -> T {
     r.unwrap_or_else(|e| unreachable!("metric definition is invalid: {e}"))
 }
 
-impl Metrics {
-    pub fn new(dp_size: u32) -> Self {
-        let r = Registry::new();
-        let routed = register(
-            &r,
-            built(IntCounterVec::new(
+/// Builds and registers a collector.
+fn add<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, made: prometheus::Result<T>) -> T {
+    register(r, built(made))
+}
+
+/// The query series: placements by rank and class (a rank family, kept in
+/// [`RankFamilies`]), refusals by error code, query time by channel.
+struct QuerySeries {
+    routed: IntCounterVec,
+    errors: Vec<IntCounter>,
+    route_duration: Histogram,
+    health_duration: Histogram,
+}
+
+impl QuerySeries {
+    fn register(r: &Registry) -> Self {
+        let routed = add(
+            r,
+            IntCounterVec::new(
                 opts("dpcoord_routed_total", "Placements answered, by rank and traffic class."),
                 &["dp_rank", "class"],
-            )),
+            ),
         );
-        let errors = register(
-            &r,
-            built(IntCounterVec::new(opts("dpcoord_route_errors_total", "Refused queries, by error code."), &["code"])),
+        let errors = add(
+            r,
+            IntCounterVec::new(opts("dpcoord_route_errors_total", "Refused queries, by error code."), &["code"]),
         );
-        let duration = register(
-            &r,
-            built(HistogramVec::new(
+        let duration = add(
+            r,
+            HistogramVec::new(
                 HistogramOpts::new("dpcoord_route_duration_seconds", "Query receive-to-reply time inside dpcoord.")
                     .buckets(ROUTE_BUCKETS.to_vec()),
                 &["channel"],
-            )),
+            ),
         );
-        let requests = register(
-            &r,
-            built(IntGaugeVec::new(
+        QuerySeries {
+            routed,
+            errors: ErrorCode::ALL.iter().map(|c| errors.with_label_values(&[c.as_str()])).collect(),
+            route_duration: duration.with_label_values(&["route"]),
+            health_duration: duration.with_label_values(&["health"]),
+        }
+    }
+}
+
+impl RankFamilies {
+    /// The engine series by rank, after `routed` (registered with the
+    /// query series): the load routing sees, whether the rank is routable,
+    /// its penalty, stats age and KV usage, its routable changes and stalls.
+    fn register(r: &Registry, routed: IntCounterVec) -> Self {
+        let requests = add(
+            r,
+            IntGaugeVec::new(
                 opts("dpcoord_engine_requests", "The load routing sees: engine waiting/running and dpcoord pending."),
                 &["dp_rank", "state"],
-            )),
+            ),
         );
-        let finished = register(
-            &r,
-            built(IntCounterVec::new(
+        let finished = add(
+            r,
+            IntCounterVec::new(
                 opts("dpcoord_engine_finished_total", "Requests the engine reported finished, summed across boots."),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let failed = register(
-            &r,
-            built(IntCounterVec::new(
+        let failed = add(
+            r,
+            IntCounterVec::new(
                 opts("dpcoord_engine_failed_total", "Requests the engine reported failed, summed across boots."),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let up = register(
-            &r,
-            built(IntGaugeVec::new(opts("dpcoord_engine_up", "1 when the rank is routable."), &["dp_rank"])),
-        );
-        let penalty = register(
-            &r,
-            built(prometheus::GaugeVec::new(
+        let up = add(r, IntGaugeVec::new(opts("dpcoord_engine_up", "1 when the rank is routable."), &["dp_rank"]));
+        let penalty = add(
+            r,
+            prometheus::GaugeVec::new(
                 opts("dpcoord_engine_penalty", "Current result-metric penalty of the rank."),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let age = register(
-            &r,
-            built(prometheus::GaugeVec::new(
+        let age = add(
+            r,
+            prometheus::GaugeVec::new(
                 opts(
                     "dpcoord_engine_stats_age_seconds",
                     "Time since the rank's last valid stats update (NaN before the first).",
                 ),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let kv_usage = register(
-            &r,
-            built(prometheus::GaugeVec::new(
+        let kv_usage = add(
+            r,
+            prometheus::GaugeVec::new(
                 opts(
                     "dpcoord_engine_kv_usage",
                     "KV-cache usage (0..1) of the rank's last valid update (NaN when it carried none).",
                 ),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let changes = register(
-            &r,
-            built(IntCounterVec::new(
+        let changes = add(
+            r,
+            IntCounterVec::new(
                 opts(
                     "dpcoord_engine_routable_changes_total",
                     "Times the rank became or stopped being routable, by change: joined (first valid update), \
@@ -328,103 +352,152 @@ impl Metrics {
                      land in one tick (the epoch then moves once).",
                 ),
                 &["dp_rank", "change"],
-            )),
+            ),
         );
-        let stalls = register(
-            &r,
-            built(IntCounterVec::new(
+        let stalls = add(
+            r,
+            IntCounterVec::new(
                 opts(
                     "dpcoord_rank_stalls_total",
                     "Times the rank was found stalled, by cause: progress (work and no progress for \
                      engines.stall_after_ms), probe (engines.probe_failures failed probes in a row).",
                 ),
                 &["dp_rank", "cause"],
-            )),
+            ),
         );
-        let stalled = register(
-            &r,
-            built(IntGaugeVec::new(
+        let stalled = add(
+            r,
+            IntGaugeVec::new(
                 opts(
                     "dpcoord_engine_stalled",
                     "1 while the rank is stalled: reporting, but work and no progress, or failed probes in a row.",
                 ),
                 &["dp_rank"],
-            )),
+            ),
         );
-        let stats = register(
-            &r,
-            built(IntCounterVec::new(
+        RankFamilies { routed, requests, finished, failed, up, penalty, age, kv_usage, changes, stalls, stalled }
+    }
+}
+
+/// The coordinator's own series: stats updates by result, tick time, the
+/// spread of user placements, the epoch, stats updates lost on the way.
+struct CoreSeries {
+    stats: Vec<IntCounter>,
+    tick_duration: Histogram,
+    dispatch_stddev: Gauge,
+    epoch: IntGauge,
+    stats_missed: IntCounter,
+}
+
+impl CoreSeries {
+    fn register(r: &Registry) -> Self {
+        let stats = add(
+            r,
+            IntCounterVec::new(
                 opts("dpcoord_stats_messages_total", "Engine stats updates seen, by result."),
                 &["result"],
-            )),
+            ),
         );
-        let tick_duration = register(
-            &r,
-            built(Histogram::with_opts(
+        let tick_duration = add(
+            r,
+            Histogram::with_opts(
                 HistogramOpts::new("dpcoord_tick_duration_seconds", "Time of one tick.").buckets(TICK_BUCKETS.to_vec()),
-            )),
+            ),
         );
-        let dispatch_stddev = register(
-            &r,
-            built(Gauge::with_opts(opts(
+        let dispatch_stddev = add(
+            r,
+            Gauge::with_opts(opts(
                 "dpcoord_user_dispatch_stddev",
                 "Standard deviation of user placements per routable rank over the imbalance window.",
-            ))),
+            )),
         );
-        let epoch = register(
-            &r,
-            built(IntGauge::with_opts(opts("dpcoord_epoch", "Current epoch: bumps when the routable set changes."))),
-        );
-        let stats_missed = register(
-            &r,
-            built(IntCounter::with_opts(opts(
+        let epoch =
+            add(r, IntGauge::with_opts(opts("dpcoord_epoch", "Current epoch: bumps when the routable set changes.")));
+        let stats_missed = add(
+            r,
+            IntCounter::with_opts(opts(
                 "dpcoord_stats_missed_total",
                 "Stats updates lost before dpcoord read them (seq gaps within a boot), e.g. dropped at a high-water mark.",
-            ))),
-        );
-        let access_denied = register(
-            &r,
-            built(IntCounterVec::new(
-                opts("dpcoord_access_denied_total", "Connections refused by a socket's peer allowlist."),
-                &["socket"],
             )),
         );
-        let reloads = register(
-            &r,
-            built(IntCounterVec::new(
-                opts("dpcoord_config_reloads_total", "Configuration reloads (SIGHUP or the reload op), by result."),
-                &["result"],
-            )),
-        );
-        let dp_gauge = register(
-            &r,
-            built(IntGauge::with_opts(opts("dpcoord_dp_size", "The number of DP ranks dpcoord routes over."))),
-        );
-        let scrapes = register(
-            &r,
-            built(IntCounterVec::new(
-                opts("dpcoord_scrapes_total", "Scrapes of vLLM /metrics (engines.vllm_metrics_url), by result."),
-                &["result"],
-            )),
-        );
-        let families =
-            RankFamilies { routed, requests, finished, failed, up, penalty, age, kv_usage, changes, stalls, stalled };
-        let mut m = Metrics {
-            registry: r,
-            ranks: Vec::new(),
-            families,
-            errors: ErrorCode::ALL.iter().map(|c| errors.with_label_values(&[c.as_str()])).collect(),
+        CoreSeries {
             stats: StatsResult::ALL.iter().map(|s| stats.with_label_values(&[s.as_str()])).collect(),
-            route_duration: duration.with_label_values(&["route"]),
-            health_duration: duration.with_label_values(&["health"]),
             tick_duration,
             dispatch_stddev,
             epoch,
             stats_missed,
+        }
+    }
+}
+
+/// The operations series: connections refused by an allowlist, config
+/// reloads by result, the DP size, scrapes of vLLM `/metrics` by result.
+struct OperationsSeries {
+    access_denied: [IntCounter; 3],
+    reloads: Vec<IntCounter>,
+    dp_size: IntGauge,
+    scrapes: Scrapes,
+}
+
+impl OperationsSeries {
+    fn register(r: &Registry) -> Self {
+        let access_denied = add(
+            r,
+            IntCounterVec::new(
+                opts("dpcoord_access_denied_total", "Connections refused by a socket's peer allowlist."),
+                &["socket"],
+            ),
+        );
+        let reloads = add(
+            r,
+            IntCounterVec::new(
+                opts("dpcoord_config_reloads_total", "Configuration reloads (SIGHUP or the reload op), by result."),
+                &["result"],
+            ),
+        );
+        let dp_size =
+            add(r, IntGauge::with_opts(opts("dpcoord_dp_size", "The number of DP ranks dpcoord routes over.")));
+        let scrapes = add(
+            r,
+            IntCounterVec::new(
+                opts("dpcoord_scrapes_total", "Scrapes of vLLM /metrics (engines.vllm_metrics_url), by result."),
+                &["result"],
+            ),
+        );
+        OperationsSeries {
             access_denied: ["route", "health", "stats"].map(|s| access_denied.with_label_values(&[s])),
             reloads: ReloadResult::ALL.iter().map(|r| reloads.with_label_values(&[r.as_str()])).collect(),
-            dp_size: dp_gauge,
+            dp_size,
             scrapes: Scrapes(ScrapeResult::ALL.iter().map(|s| scrapes.with_label_values(&[s.as_str()])).collect()),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every series, group by group in this order, and creates
+    /// the series of `dp_size` ranks.
+    pub fn new(dp_size: u32) -> Self {
+        let r = Registry::new();
+        let query = QuerySeries::register(&r);
+        let families = RankFamilies::register(&r, query.routed);
+        let core = CoreSeries::register(&r);
+        let ops = OperationsSeries::register(&r);
+        let mut m = Metrics {
+            registry: r,
+            ranks: Vec::new(),
+            families,
+            errors: query.errors,
+            stats: core.stats,
+            route_duration: query.route_duration,
+            health_duration: query.health_duration,
+            tick_duration: core.tick_duration,
+            dispatch_stddev: core.dispatch_stddev,
+            epoch: core.epoch,
+            stats_missed: core.stats_missed,
+            access_denied: ops.access_denied,
+            reloads: ops.reloads,
+            dp_size: ops.dp_size,
+            scrapes: ops.scrapes,
         };
         m.resize(dp_size);
         m
