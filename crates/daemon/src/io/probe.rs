@@ -1,23 +1,22 @@
 //! `dpcoord probe`: GET `/healthz` (or `/readyz`) of a running dpcoord and
 //! exit 0 on `200`, 1 otherwise, so container health checks need no curl.
 //!
-//! std only: one `TcpStream` under a single deadline (resolving, connecting,
-//! writing and reading each get what is left of it), a minimal HTTP/1.1 GET
-//! with `Connection: close`, and the status line parsed. It never waits past
-//! `--timeout-ms`.
+//! The GET is `ureq`'s (plain HTTP, no proxy, no redirect followed) under one
+//! overall timeout, `--timeout-ms`: resolving, connecting, sending, the
+//! response head and the body up to its first line all share it. Reading
+//! stops at the body's first line, so a body that never ends does not hold
+//! the probe.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::io::{BufRead, BufReader, Read};
 use std::process::ExitCode;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the probe checks when neither `--url` nor [`URL_ENV`] is given.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:9570/healthz";
 /// The environment variable read when `--url` is not given (the Dockerfile sets it).
 pub const URL_ENV: &str = "DPCOORD_HEALTH_URL";
-/// Reading stops here; the status line and the body's first line come first.
-const MAX_RESPONSE: usize = 64 * 1024;
+/// Reading the body stops here if no line has ended before.
+const MAX_BODY: u64 = 64 * 1024;
 /// How much of the body's first line a message shows.
 const MAX_SHOWN: usize = 200;
 
@@ -55,7 +54,8 @@ impl Url {
             Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
             None => !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'),
         };
-        if !host_ok || !path.bytes().all(|b| b.is_ascii_graphic()) {
+        // What the client cannot send (`<`, `>`, a backquote) is no URL either.
+        if !host_ok || !path.bytes().all(|b| b.is_ascii_graphic()) || ureq::http::Uri::try_from(s).is_err() {
             return Err(bad());
         }
         Ok(Url { host: host.to_owned(), port, path: path.to_owned() })
@@ -83,57 +83,6 @@ pub fn target(args: &ProbeArgs, env: Option<String>) -> Result<Url, String> {
     Ok(url)
 }
 
-/// What is left until `deadline`; `Err` once it has passed.
-fn left(deadline: Instant, timeout: Duration, doing: &str) -> Result<Duration, String> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    if d.is_zero() {
-        return Err(format!("timed out after {} ms {doing}", timeout.as_millis()));
-    }
-    Ok(d)
-}
-
-/// The URL's addresses; a name is resolved on a thread so that a slow
-/// resolver cannot outlast the deadline.
-fn resolve(url: &Url, deadline: Instant, timeout: Duration) -> Result<Vec<SocketAddr>, String> {
-    let host = url.host.trim_start_matches('[').trim_end_matches(']').to_owned();
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, url.port)]);
-    }
-    let (tx, rx) = mpsc::channel();
-    let port = url.port;
-    std::thread::Builder::new()
-        .spawn(move || tx.send((host.as_str(), port).to_socket_addrs().map(Vec::from_iter)))
-        .map_err(|e| format!("cannot start a resolver thread: {e}"))?;
-    match rx.recv_timeout(left(deadline, timeout, "resolving the host")?) {
-        Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
-        Ok(Ok(_)) => Err(format!("{} has no address", url.host)),
-        Ok(Err(e)) => Err(format!("cannot resolve {}: {e}", url.host)),
-        Err(_) => Err(format!("timed out after {} ms resolving the host", timeout.as_millis())),
-    }
-}
-
-/// One line for an I/O error, timeouts named as such.
-fn io_problem(e: &std::io::Error, timeout: Duration, doing: &str) -> String {
-    match e.kind() {
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-            format!("timed out after {} ms {doing}", timeout.as_millis())
-        }
-        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
-        _ => format!("{doing}: {e}"),
-    }
-}
-
-fn connect(url: &Url, deadline: Instant, timeout: Duration) -> Result<TcpStream, String> {
-    let mut last = String::from("no address to connect to");
-    for addr in resolve(url, deadline, timeout)? {
-        match TcpStream::connect_timeout(&addr, left(deadline, timeout, "connecting")?) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = io_problem(&e, timeout, "connecting"),
-        }
-    }
-    Err(last)
-}
-
 /// The status code and the body's first line of a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
@@ -141,73 +90,44 @@ pub struct Response {
     pub first_line: String,
 }
 
-/// Parses `buf` once it holds the status line, the headers and the body's
-/// first line (or the whole body); `None` while more is needed and may come
-/// (`eof` false).
-pub fn parse_response(buf: &[u8], eof: bool) -> Option<Result<Response, String>> {
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return eof.then(|| Err("the connection closed before a complete response".into()));
-    };
-    let head = String::from_utf8_lossy(&buf[..end]);
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = match status_line.split(' ').collect::<Vec<_>>()[..] {
-        [version, code, ..] if version.starts_with("HTTP/1.") && code.len() == 3 => code.parse::<u16>().ok(),
-        _ => None,
-    };
-    let Some(status) = status else {
-        return Some(Err(format!("not an HTTP response: {}", shown(status_line.as_bytes()))));
-    };
-    let header = |name: &str| {
-        head.split("\r\n").skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_ascii_lowercase())
-        })
-    };
-    let mut body = &buf[end + 4..];
-    if header("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
-        // Skip the first chunk's size line.
-        match body.windows(2).position(|w| w == b"\r\n") {
-            Some(i) => body = &body[i + 2..],
-            None => return eof.then(|| Ok(Response { status, first_line: String::new() })),
-        }
-    }
-    let length = header("content-length").and_then(|l| l.parse::<usize>().ok());
-    let first = match body.iter().position(|&b| b == b'\n') {
-        Some(i) => &body[..i],
-        None if eof || length.is_some_and(|l| body.len() >= l) => body,
-        None => return None,
-    };
-    Some(Ok(Response { status, first_line: shown(first) }))
-}
-
 /// At most [`MAX_SHOWN`] characters of `bytes`, without the line end.
 fn shown(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).trim_end_matches(['\r', '\n']).chars().take(MAX_SHOWN).collect()
 }
 
+/// One line for what went wrong, a timeout named as such.
+fn problem(e: ureq::Error, timeout: Duration) -> String {
+    let timed_out = || format!("timed out after {} ms", timeout.as_millis());
+    match e {
+        ureq::Error::Timeout(_) => timed_out(),
+        ureq::Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => timed_out(),
+            std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+            std::io::ErrorKind::UnexpectedEof => "the connection closed before a complete response".into(),
+            _ => io.to_string(),
+        },
+        ureq::Error::Protocol(p) => format!("not an HTTP response: {p}"),
+        e => e.to_string(),
+    }
+}
+
 /// GETs `url` within `timeout`; the response, or what went wrong in one line.
 pub fn get(url: &Url, timeout: Duration) -> Result<Response, String> {
-    let deadline = Instant::now() + timeout;
-    let mut s = connect(url, deadline, timeout)?;
-    let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: dpcoord-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n",
-        url.path, url.host, url.port
-    );
-    s.set_write_timeout(Some(left(deadline, timeout, "sending the request")?))
-        .and_then(|()| s.write_all(request.as_bytes()))
-        .map_err(|e| io_problem(&e, timeout, "sending the request"))?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let waiting = "waiting for the response";
-        s.set_read_timeout(Some(left(deadline, timeout, waiting)?)).map_err(|e| io_problem(&e, timeout, waiting))?;
-        let n = s.read(&mut chunk).map_err(|e| io_problem(&e, timeout, waiting))?;
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(parsed) = parse_response(&buf, n == 0 || buf.len() >= MAX_RESPONSE) {
-            return parsed;
-        }
-    }
+    let config = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        // dpcoord is reached directly, whatever proxy the environment names.
+        .proxy(None)
+        .user_agent("dpcoord-probe")
+        .build();
+    let agent = ureq::Agent::new_with_config(config);
+    let mut response = agent.get(url.to_string()).call().map_err(|e| problem(e, timeout))?;
+    let mut first = Vec::new();
+    BufReader::new(response.body_mut().as_reader().take(MAX_BODY))
+        .read_until(b'\n', &mut first)
+        .map_err(|e| problem(e.into(), timeout))?;
+    Ok(Response { status: response.status().as_u16(), first_line: shown(&first) })
 }
 
 /// Runs `dpcoord probe`: 0 on `200`, 1 on anything else (one line on
@@ -260,6 +180,7 @@ mod tests {
             "http://user@host:1/x",
             "http://::1:80/x",
             "http://h:1/a b",
+            "http://h:1/a<b",
         ] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }
@@ -280,18 +201,77 @@ mod tests {
         assert!(target(&args(Some("nope"), false), None).unwrap_err().starts_with("--url: "));
     }
 
+    /// A listener that answers one GET with `pieces`, pausing `gap` after
+    /// each (the last pause holds the connection open); its URL.
+    fn serve(pieces: Vec<&'static [u8]>, gap: Duration) -> Url {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut byte = [0u8];
+            while !request.ends_with(b"\r\n\r\n") && conn.read_exact(&mut byte).is_ok() {
+                request.push(byte[0]);
+            }
+            for piece in pieces {
+                // The probe may have gone once it has what it needs.
+                let _ = std::io::Write::write_all(&mut conn, piece);
+                std::thread::sleep(gap);
+            }
+        });
+        Url { host: "127.0.0.1".into(), port, path: "/healthz".into() }
+    }
+
+    fn probe(reply: &'static [u8], hold: Duration, timeout_ms: u64) -> Result<Response, String> {
+        get(&serve(vec![reply], hold), Duration::from_millis(timeout_ms))
+    }
+
+    fn ok(status: u16, first_line: &str) -> Result<Response, String> {
+        Ok(Response { status, first_line: first_line.into() })
+    }
+
     #[test]
     fn responses() {
-        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nok\nmore\n";
-        assert_eq!(parse_response(ok, false), Some(Ok(Response { status: 200, first_line: "ok".into() })));
+        let now = Duration::ZERO;
+        assert_eq!(probe(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nok\nmore\n", now, 2000), ok(200, "ok"));
         let unready = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 9\r\n\r\nnot ready";
-        assert_eq!(parse_response(unready, false).unwrap().unwrap().first_line, "not ready");
-        assert_eq!(parse_response(&unready[..40], false), None);
-        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n\r\npartial", false), None);
-        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n\r\npartial", true).unwrap().unwrap().first_line, "partial");
+        assert_eq!(probe(unready, now, 2000), ok(503, "not ready"));
         let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nok\n\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked, false).unwrap().unwrap().first_line, "ok");
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n", false).unwrap().is_err());
-        assert!(parse_response(b"HTTP/1.1 200", true).unwrap().is_err());
+        assert_eq!(probe(chunked, now, 2000), ok(200, "ok"));
+        assert_eq!(probe(b"HTTP/1.1 200 OK\r\n\r\npartial", now, 2000), ok(200, "partial"));
+        assert_eq!(probe(b"HTTP/1.1 204 No Content\r\n\r\n", now, 2000), ok(204, ""));
+        // Not followed.
+        assert_eq!(probe(b"HTTP/1.1 302 Found\r\nLocation: /\r\nContent-Length: 0\r\n\r\n", now, 2000), ok(302, ""));
+        let long: &'static [u8] = format!("HTTP/1.1 200 OK\r\n\r\n{}", "x".repeat(100_000)).leak().as_bytes();
+        assert_eq!(probe(long, now, 2000), ok(200, &"x".repeat(MAX_SHOWN)));
+        let not_http = probe(b"SSH-2.0-OpenSSH\r\n\r\n", now, 2000).unwrap_err();
+        assert!(not_http.starts_with("not an HTTP response"), "{not_http}");
+        let cut = probe(b"HTTP/1.1 200", now, 2000).unwrap_err();
+        assert_eq!(cut, "the connection closed before a complete response");
+    }
+
+    #[test]
+    fn a_body_that_never_ends_is_read_to_its_first_line_only() {
+        let start = std::time::Instant::now();
+        assert_eq!(probe(b"HTTP/1.1 200 OK\r\n\r\nok\nand more", Duration::from_secs(5), 2000), ok(200, "ok"));
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn one_timeout_covers_the_whole_request_body_included() {
+        let hold = Duration::from_secs(5);
+        for reply in [&b""[..], b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\n\r\nno line end yet"] {
+            let start = std::time::Instant::now();
+            assert_eq!(probe(reply, hold, 300), Err("timed out after 300 ms".into()));
+            let took = start.elapsed();
+            assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(1), "{took:?}");
+        }
+        // A byte every 100 ms keeps every read short, not the whole.
+        let mut drip = vec![&b"HTTP/1.1 200 OK\r\n\r\n"[..]];
+        drip.extend([&b"x"[..]; 30]);
+        let start = std::time::Instant::now();
+        let got = get(&serve(drip, Duration::from_millis(100)), Duration::from_millis(300));
+        assert_eq!(got, Err("timed out after 300 ms".into()));
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
     }
 }
