@@ -124,7 +124,11 @@ fn dechunk(mut rest: &str) -> String {
 }
 
 fn post(addr: SocketAddr, body: &str) -> Reply {
-    request(addr, "POST", "/v1/completions", body)
+    post_to(addr, "/v1/completions", body)
+}
+
+fn post_to(addr: SocketAddr, path: &str, body: &str) -> Reply {
+    request(addr, "POST", path, body)
 }
 
 /// `routed` and `pending` of each rank.
@@ -448,4 +452,38 @@ fn an_error_from_the_rank_passes_through_counted_and_booked() {
     assert_eq!((r.status, r.body.as_str(), r.rank()), (503, r#"{"error":"engine"}"#, 0));
     assert_eq!(proxy_metric(&p.d, "dpcoord_proxy_rank_errors_total{dp_rank=\"0\",kind=\"status_5xx\"}"), 1.0);
     eventually("its end booked", || (books(&p.d) == [(1, 0)]).then_some(()));
+}
+
+#[test]
+fn prompts_are_tokenized_as_the_engine_does_and_a_shared_prefix_stays_on_its_rank() {
+    let engines = [OpenAiServer::start(), OpenAiServer::start(), OpenAiServer::start()];
+    let dir = tempfile::tempdir().unwrap();
+    let qwen3 = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/daemon/testdata/tokenizers/qwen3");
+    let gz = std::fs::read(qwen3.join("tokenizer.json.gz")).unwrap();
+    let mut json = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut json).unwrap();
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::write(&tokenizer, json).unwrap();
+    let extra = format!(
+        "[gateway]\ntokenizer = {:?}\ntokenizer_config = {:?}",
+        tokenizer.to_str().unwrap(),
+        qwen3.join("tokenizer_config.json").to_str().unwrap()
+    );
+    let p = over(&engines.iter().collect::<Vec<_>>(), "cache_aware", &extra);
+    let system = "You are a careful assistant who answers in one sentence. ".repeat(40);
+    let chat = |q: &str| {
+        json!({"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
+            .to_string()
+    };
+    let first = post_to(p.addr, "/v1/chat/completions", &chat("What is 2 + 2?"));
+    assert_eq!(first.status, 200, "{}", first.body);
+    // The same system prompt, other questions: the rank that holds it.
+    for q in ["Name a colour.", "Name a river.", "Name a city."] {
+        assert_eq!(post_to(p.addr, "/v1/chat/completions", &chat(q)).rank(), first.rank(), "{q}");
+    }
+    assert_eq!(proxy_metric(&p.d, "dpcoord_proxy_prompts_total{mode=\"tokenizer\"}"), 4.0);
+    assert_eq!(proxy_metric(&p.d, "dpcoord_proxy_prompts_total{mode=\"text\"}"), 0.0);
+    let bodies: Vec<Vec<u8>> =
+        engines[first.rank() as usize].seen().into_iter().filter(|s| s.method == "POST").map(|s| s.body).collect();
+    assert_eq!(bodies[0], chat("What is 2 + 2?").as_bytes(), "the body reaches the engine unchanged");
 }
