@@ -131,6 +131,23 @@ fn post_to(addr: SocketAddr, path: &str, body: &str) -> Reply {
     request(addr, "POST", path, body)
 }
 
+/// Opens a streamed completion and reads until `until` has arrived; the
+/// socket and what was read so far.
+fn open_stream(addr: SocketAddr, until: &str) -> (TcpStream, String) {
+    let body = r#"{"model":"m","prompt":"stream me","stream":true}"#;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut got = String::new();
+    let mut buf = [0u8; 4096];
+    while !got.contains(until) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {got}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    (s, got)
+}
+
 /// `routed` and `pending` of each rank.
 fn books(d: &Daemon) -> Vec<(u64, u64)> {
     d.routed_pending()
@@ -171,30 +188,16 @@ fn a_stream_passes_through_as_it_comes_and_is_pending_until_it_ends() {
     // Snapshots never absorb a placement: only `finished` can end it.
     let p = over(&[&engine], "round_robin", "[routing]\npending_ttl_ms = 3600000\npending_transit_ms = 60000");
     engine.close_gate();
-    let body = r#"{"model":"m","prompt":"stream me","stream":true}"#;
-    let mut s = TcpStream::connect(p.addr).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
     // The first two events arrive while the engine holds the third.
-    let mut got = String::new();
-    let mut buf = [0u8; 4096];
-    while !got.contains(r#"data: {"i":1}"#) {
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended early: {got}");
-        got.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let (mut s, got) = open_stream(p.addr, r#"data: {"i":1}"#);
     assert!(!got.contains("[DONE]"));
     assert!(got.contains("x-dpcoord-rank: 0"), "{got}");
     assert!(got.contains("content-type: text/event-stream"), "{got}");
     assert_eq!(books(&p.d), [(1, 1)], "booked while the response is open");
     engine.open_gate();
-    s.read_to_string(&mut got).unwrap();
-    assert!(got.contains("data: [DONE]"), "{got}");
+    let mut rest = [0u8; 4096];
+    let n = s.read(&mut rest).unwrap();
+    assert!(String::from_utf8_lossy(&rest[..n]).contains("data: [DONE]"), "{got}");
     eventually("the stream's end booked", || (books(&p.d) == [(1, 0)]).then_some(()));
 }
 
@@ -203,16 +206,7 @@ fn a_client_gone_mid_stream_ends_the_placement_and_counts_a_reset() {
     let engine = OpenAiServer::start();
     let p = over(&[&engine], "round_robin", "[routing]\npending_ttl_ms = 3600000\npending_transit_ms = 60000");
     engine.close_gate();
-    let body = r#"{"model":"m","prompt":"stream me","stream":true}"#;
-    let mut s = TcpStream::connect(p.addr).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut buf = [0u8; 4096];
-    let mut got = String::new();
-    while !got.contains(r#"data: {"i":0}"#) {
-        let n = s.read(&mut buf).unwrap();
-        got.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let (s, _) = open_stream(p.addr, r#"data: {"i":0}"#);
     assert_eq!(books(&p.d), [(1, 1)]);
     drop(s);
     eventually("the placement ended", || (books(&p.d) == [(1, 0)]).then_some(()));
@@ -359,16 +353,7 @@ fn sigterm_ends_open_streams_within_the_promise_and_exits_zero() {
     let engine = OpenAiServer::start();
     let p = over(&[&engine], "round_robin", "");
     engine.close_gate();
-    let body = r#"{"model":"m","prompt":"stream me","stream":true}"#;
-    let mut s = TcpStream::connect(p.addr).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut buf = [0u8; 4096];
-    let mut got = String::new();
-    while !got.contains(r#"data: {"i":0}"#) {
-        let n = s.read(&mut buf).unwrap();
-        got.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let (mut s, _) = open_stream(p.addr, r#"data: {"i":0}"#);
     let started = Instant::now();
     let status = p.d.stop_with("TERM");
     let took = started.elapsed();

@@ -36,6 +36,16 @@ impl<'a> Section<'a> {
             .ok_or_else(|| err(k.key.path(), format!("must be between {} and {}, got {i}", k.min, k.max)))
     }
 
+    /// A TCP listener's `HOST:PORT`, or `None` for "" (off).
+    fn listener(&mut self, k: &StrKey) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        match self.string(k)? {
+            b if b.is_empty() => Ok(None),
+            b => b.parse().map(Some).map_err(|_| {
+                err(k.key.path(), format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"))
+            }),
+        }
+    }
+
     fn ms(&mut self, k: &IntKey) -> Result<Duration, ConfigError> {
         self.int(k).map(Duration::from_millis)
     }
@@ -183,24 +193,8 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         stats: s.int(&keys::STATS_MAX_PEERS)? as u32,
         per_address: s.int(&keys::MAX_PEERS_PER_ADDRESS)? as u32,
     };
-    let epp_bind = match s.string(&keys::EPP_BIND)? {
-        b if b.is_empty() => None,
-        b => Some(b.parse().map_err(|_| {
-            err(
-                keys::EPP_BIND.key.path(),
-                format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"),
-            )
-        })?),
-    };
-    let proxy_bind = match s.string(&keys::PROXY_BIND)? {
-        b if b.is_empty() => None,
-        b => Some(b.parse().map_err(|_| {
-            err(
-                keys::PROXY_BIND.key.path(),
-                format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"),
-            )
-        })?),
-    };
+    let epp_bind = s.listener(&keys::EPP_BIND)?;
+    let proxy_bind = s.listener(&keys::PROXY_BIND)?;
     s.finish()?;
     Ok(Server {
         epp_bind,
