@@ -32,11 +32,8 @@ impl Front {
     }
 
     /// The outcomes this front can have.
-    fn outcomes(self) -> &'static [Outcome] {
-        match self {
-            Front::Picker => &Outcome::ALL[..8],
-            Front::Proxy => &Outcome::ALL,
-        }
+    fn outcomes(self) -> impl Iterator<Item = Outcome> {
+        Outcome::ALL.into_iter().filter(move |o| self == Front::Proxy || !o.proxy_only())
     }
 
     /// The kinds of a rank's errors this front sees.
@@ -90,6 +87,11 @@ impl Outcome {
         Outcome::RejectedTimeout,
         Outcome::FailedUnreachable,
     ];
+
+    /// Whether only the proxy can end a request so.
+    fn proxy_only(self) -> bool {
+        matches!(self, Outcome::RejectedBusy | Outcome::RejectedTimeout | Outcome::FailedUnreachable)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {

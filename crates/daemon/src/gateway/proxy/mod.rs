@@ -25,8 +25,6 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use forward::{RANK_HEADER, ROUTED};
-
 use super::Decider;
 use crate::config::ProxyLimits;
 use crate::io::http::conns::{self, Family, Limits};
