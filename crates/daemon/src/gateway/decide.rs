@@ -173,7 +173,9 @@ impl Decider {
     /// text keys, each cut to the leading part that fits the route socket's
     /// message limit (a prefix is still a prefix; the length is the
     /// whole, estimated past a cut the tokenizer did not read).
-    /// Tokenizing runs on the blocking pool, not the tasks' thread.
+    /// Tokenizing runs on the blocking pool, not the tasks' thread; text
+    /// keys are hashed in place, cheaper than the handoff (and than the
+    /// JSON parse the body already had).
     async fn key_prompt(&self, q: &mut Query, gateway: &Gateway, prompt: body::PromptText) {
         let encoder = self.prompts.encoder(gateway);
         let estimate = prompt.estimated_tokens();
@@ -183,7 +185,11 @@ impl Decider {
         let room = self.max_query_bytes.saturating_sub(2048);
         let most = self.published.max_prompt_tokens() as usize;
         let ids = (room / 5).min(most);
-        let encoded = tokio::task::spawn_blocking(move || encoder.encode(&prompt, ids)).await.ok();
+        let encoded = if encoder.has_tokenizer() {
+            tokio::task::spawn_blocking(move || encoder.encode(&prompt, ids)).await.ok()
+        } else {
+            Some(encoder.encode(&prompt, ids))
+        };
         match encoded {
             Some(Encoded::Tokens { ids, whole }) => {
                 self.metrics.prompt(super::prompt::MODE_TOKENIZER);
