@@ -245,7 +245,7 @@ fn respond(p: &Proxy, resp: hyper::Response<hyper::body::Incoming>, rank: u32, b
     if parts.status.is_server_error() {
         p.decider.metrics.rank_error(rank, "status_5xx");
     }
-    let mut out = Response::new(Body::new(Booked { inner, booking }));
+    let mut out = Response::new(Body::new(Booked::new(inner, booking)));
     *out.status_mut() = parts.status;
     copy_headers(&parts.headers, out.headers_mut());
     out.headers_mut().insert(RANK_HEADER, HeaderValue::from(rank));
