@@ -6,15 +6,16 @@
 //! penalties, policy and health isolation. The proxy's thread also owns a
 //! DEALER on the health ROUTER, for what it learns of a rank's reachability
 //! (`health_report`). Tasks hand a query over a channel and wake the thread
-//! through a socket pair; the reply comes back on a oneshot matched by the
-//! query's `id`.
+//! through a socket pair (only when it sleeps: a burst of queries costs one
+//! wake-up); the reply comes back on a oneshot matched by the query's `id`.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Semaphore};
@@ -91,11 +92,20 @@ pub enum Socket {
 
 type Ask = (Socket, Query, oneshot::Sender<Reply>);
 
+/// How a task wakes the thread: a byte on a socket pair, written only by
+/// the first hand-over after the thread went to sleep, not by every query
+/// of a burst (each a syscall, and a wake-up the thread does not need).
+struct Wake {
+    byte: UnixStream,
+    /// The thread sleeps, or is about to: the next hand-over writes the byte.
+    asleep: AtomicBool,
+}
+
 /// The picker's handle on the bridge thread; cheap to clone.
 #[derive(Clone)]
 pub struct Bridge {
     tx: mpsc::Sender<Ask>,
-    wake: Arc<Mutex<UnixStream>>,
+    wake: Arc<Wake>,
     /// Queries in flight, at most the replies the route socket queues for
     /// the bridge's DEALER (libzmq drops a reply beyond them).
     in_flight: Arc<Semaphore>,
@@ -115,15 +125,20 @@ impl Bridge {
         };
         let route = dealer(ENDPOINT)?;
         let health = if health { Some(dealer(HEALTH_ENDPOINT)?) } else { None };
+        let fds = (std::iter::once(&route).chain(&health))
+            .map(|d| d.get_fd().map_err(std::io::Error::other))
+            .collect::<std::io::Result<Vec<RawFd>>>()?;
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_rx.set_nonblocking(true)?;
         wake_tx.set_nonblocking(true)?;
         let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(Wake { byte: wake_tx, asleep: AtomicBool::new(false) });
+        let woken = Arc::clone(&wake);
         std::thread::Builder::new()
             .name("gateway-bridge".into())
-            .spawn(move || serve(&route, health.as_ref(), &rx, wake_rx))?;
+            .spawn(move || serve(&route, health.as_ref(), &fds, &rx, &woken, wake_rx))?;
         let in_flight = Arc::new(Semaphore::new(in_flight.max(1)));
-        Ok(Bridge { tx, wake: Arc::new(Mutex::new(wake_tx)), in_flight })
+        Ok(Bridge { tx, wake, in_flight })
     }
 
     /// Asks the coordinator on the route socket; `None` when the bridge
@@ -155,53 +170,72 @@ impl Bridge {
 
     fn hand_over(&self, ask: Ask) -> Option<()> {
         self.tx.send(ask).ok()?;
-        if let Ok(mut w) = self.wake.lock() {
+        // Pairs with the thread's fence between raising `asleep` and its
+        // last look at the channel: it sees this query, or this sees the
+        // flag up and wakes it.
+        fence(Ordering::SeqCst);
+        if self.wake.asleep.swap(false, Ordering::SeqCst) {
             // A full pipe already holds a wake-up: the byte is not needed.
-            let _ = w.write(&[1]);
+            let _ = (&self.wake.byte).write(&[1]);
         }
         Some(())
     }
 }
 
 /// The thread: sends what tasks hand over, routes replies back by `id`
-/// (one sequence for both sockets, so an `id` names one query).
-fn serve(route: &zmq::Socket, health: Option<&zmq::Socket>, rx: &mpsc::Receiver<Ask>, mut wake: UnixStream) {
+/// (one sequence for both sockets, so an `id` names one query). It sleeps
+/// in a plain poll of the dealers' `ZMQ_FD`s (`fds`) and the wake-up
+/// socket: `zmq::poll` on the sockets themselves asks each for its events
+/// twice a call, a syscall each. A dealer is read until it has nothing
+/// more whenever its descriptor stirred or a query was sent on it (a send
+/// may take in the notice of a reply, which then never shows on the
+/// descriptor), so no reply is left waiting.
+fn serve(
+    route: &zmq::Socket,
+    health: Option<&zmq::Socket>,
+    fds: &[RawFd],
+    rx: &mpsc::Receiver<Ask>,
+    wake: &Wake,
+    mut bell: UnixStream,
+) {
     let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
     let mut next_id: u64 = 0;
     let mut scratch = [0u8; 256];
     let dealers: Vec<&zmq::Socket> = std::iter::once(route).chain(health).collect();
+    let mut items: Vec<zmq::PollItem<'_>> =
+        fds.iter().chain([&bell.as_raw_fd()]).map(|&fd| zmq::PollItem::from_fd(fd, zmq::POLLIN)).collect();
+    // Which dealers to read: all at first.
+    let mut stirred = vec![true; dealers.len()];
+    let mut next: Option<Ask> = None;
     loop {
-        let mut items: Vec<zmq::PollItem<'_>> = dealers.iter().map(|d| d.as_poll_item(zmq::POLLIN)).collect();
-        items.push(zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN));
-        if zmq::poll(&mut items, POLL_MS).is_err() {
-            continue;
-        }
-        while wake.read(&mut scratch).is_ok_and(|n| n > 0) {}
         loop {
-            match rx.try_recv() {
-                Ok((socket, q, reply)) => {
-                    let dealer = match (socket, health) {
-                        (Socket::Health, Some(h)) => h,
-                        (Socket::Health, None) => {
-                            tracing::debug!("a health query without the health socket was not sent");
-                            continue;
-                        }
-                        (Socket::Route, _) => route,
-                    };
-                    next_id = next_id.wrapping_add(1);
-                    let bytes = rmp_serde::to_vec_named(&Wire { v: 1, id: next_id, q: &q });
-                    match bytes.map(|b| dealer.send(b, zmq::DONTWAIT)) {
-                        Ok(Ok(())) => {
-                            waiting.insert(next_id, reply);
-                        }
-                        _ => tracing::debug!("a gateway query was not sent"),
-                    }
-                }
+            let (socket, q, reply) = match next.take().map_or_else(|| rx.try_recv(), Ok) {
+                Ok(ask) => ask,
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => return,
+            };
+            let at = match socket {
+                Socket::Route => 0,
+                Socket::Health if health.is_some() => 1,
+                Socket::Health => {
+                    tracing::debug!("a health query without the health socket was not sent");
+                    continue;
+                }
+            };
+            next_id = next_id.wrapping_add(1);
+            let bytes = rmp_serde::to_vec_named(&Wire { v: 1, id: next_id, q: &q });
+            stirred[at] = true;
+            match bytes.map(|b| dealers[at].send(b, zmq::DONTWAIT)) {
+                Ok(Ok(())) => {
+                    waiting.insert(next_id, reply);
+                }
+                _ => tracing::debug!("a gateway query was not sent"),
             }
         }
-        for dealer in &dealers {
+        for (dealer, stirred) in dealers.iter().zip(&mut stirred) {
+            if !std::mem::take(stirred) {
+                continue;
+            }
             while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
                 match rmp_serde::from_slice::<Reply>(&frame) {
                     Ok(r) => {
@@ -216,5 +250,30 @@ fn serve(route: &zmq::Socket, health: Option<&zmq::Socket>, rx: &mpsc::Receiver<
         // Tasks that gave up (their stream reset), and reports nobody
         // awaits, leave a closed sender.
         waiting.retain(|_, tx| !tx.is_closed());
+        wake.asleep.store(true, Ordering::SeqCst);
+        // Pairs with `hand_over`'s: a query handed over before the flag
+        // was up came with no byte, so the channel is looked at once more;
+        // with one there, the poll only looks which dealer stirred.
+        fence(Ordering::SeqCst);
+        let timeout = match rx.try_recv() {
+            Ok(ask) => {
+                next = Some(ask);
+                0
+            }
+            Err(mpsc::TryRecvError::Empty) => POLL_MS,
+            Err(mpsc::TryRecvError::Disconnected) => return,
+        };
+        let polled = zmq::poll(&mut items, timeout);
+        wake.asleep.store(false, Ordering::SeqCst);
+        if polled.is_err() {
+            stirred.fill(true);
+            continue;
+        }
+        for (stirred, item) in stirred.iter_mut().zip(&items) {
+            *stirred = item.is_readable();
+        }
+        if items.last().is_some_and(zmq::PollItem::is_readable) {
+            while bell.read(&mut scratch).is_ok_and(|n| n == scratch.len()) {}
+        }
     }
 }
