@@ -60,16 +60,25 @@ pub struct Server {
 }
 
 impl Server {
-    /// Stops accepting, lets the open streams end for at most
-    /// [`proxy::DRAIN`] (a stream lasts as long as its response), then
-    /// closes the rest, so the process still stops within its 2 s.
+    /// Stops accepting, lets the open streams end for at most [`DRAIN`] (a
+    /// stream lasts as long as its response), then closes the rest.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let abort = self.task.abort_handle();
-        if tokio::time::timeout(proxy::DRAIN, self.task).await.is_err() {
-            abort.abort();
-            tracing::info!("picker streams still open after the drain were closed");
-        }
+        drain(self.task, "picker streams").await;
+    }
+}
+
+/// How long a front's requests in flight may take to end once it is told
+/// to stop; the rest are closed, so the process still stops within its 2 s.
+pub const DRAIN: Duration = Duration::from_millis(1000);
+
+/// Waits at most [`DRAIN`] for a front's serving `task` (already told to
+/// stop), then aborts it; `what` names its requests in the log.
+async fn drain<T>(task: tokio::task::JoinHandle<T>, what: &str) {
+    let abort = task.abort_handle();
+    if tokio::time::timeout(DRAIN, task).await.is_err() {
+        abort.abort();
+        tracing::info!("{what} still open after the drain were closed");
     }
 }
 

@@ -30,9 +30,6 @@ use crate::config::ProxyLimits;
 use crate::io::http::conns::{self, Family, Limits};
 use crate::observability::metrics::{built, register};
 
-/// How long the requests in flight may take to end once the proxy is told
-/// to stop; the rest are cut (and booked).
-pub const DRAIN: Duration = Duration::from_millis(1000);
 /// The most bytes hyper buffers on a connection to a rank's server, each way.
 const UPSTREAM_BUF: usize = 16 << 10;
 /// How long an idle connection to a rank's server is kept for reuse.
@@ -66,14 +63,10 @@ pub struct Server {
 
 impl Server {
     /// Stops accepting, lets the requests in flight end for at most
-    /// [`DRAIN`], then closes what is left.
+    /// [`super::DRAIN`], then closes what is left.
     pub async fn stop(self) {
         let _ = self.stop.send(());
-        let abort = self.task.abort_handle();
-        if tokio::time::timeout(DRAIN, self.task).await.is_err() {
-            abort.abort();
-            tracing::info!("proxy requests still open after the drain were cut");
-        }
+        super::drain(self.task, "proxy requests").await;
         self.watch.abort();
     }
 }
