@@ -472,3 +472,53 @@ fn prompts_are_tokenized_as_the_engine_does_and_a_shared_prefix_stays_on_its_ran
         engines[first.rank() as usize].seen().into_iter().filter(|s| s.method == "POST").map(|s| s.body).collect();
     assert_eq!(bodies[0], chat("What is 2 + 2?").as_bytes(), "the body reaches the engine unchanged");
 }
+
+#[test]
+fn what_the_engine_served_from_its_cache_is_reported_against_the_prediction() {
+    let engines = [OpenAiServer::start(), OpenAiServer::start()];
+    for e in &engines {
+        e.report_cached(48);
+    }
+    let p = over(&engines.iter().collect::<Vec<_>>(), "cache_aware", "");
+    let reported = |rank: u32, kind: &str| {
+        p.d.metric(&format!("dpcoord_prefix_reported_tokens_total{{dp_rank=\"{rank}\",kind=\"{kind}\"}}"))
+            .unwrap_or(0.0)
+    };
+    let predicted = |rank: u32| {
+        p.d.metric(&format!("dpcoord_prefix_predicted_tokens_total{{dp_rank=\"{rank}\",of=\"chosen\"}}")).unwrap_or(0.0)
+    };
+    // The same prompt twice (the second predicted cached where the first
+    // went), and streamed: each response's count reported once.
+    let prompt = format!("{{\"model\":\"m\",\"prompt\":\"{}\"", "Tell me about the proxy. ".repeat(20));
+    let plain = format!("{prompt}}}");
+    let streamed = format!("{prompt},\"stream\":true}}");
+    let mut ranks = Vec::new();
+    for (i, body) in [&plain, &plain, &streamed].into_iter().enumerate() {
+        let r = post(p.addr, body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        ranks.push(r.rank());
+        let n = i as f64 + 1.0;
+        eventually("the report counted", || {
+            let delivered: f64 = (0..2).map(|r| reported(r, "delivered")).sum();
+            (delivered == 48.0 * n).then_some(())
+        });
+    }
+    assert_eq!(ranks[1], ranks[0], "the repeated prompt stays where its prefix was placed");
+    for rank in 0..2 {
+        assert_eq!(reported(rank, "predicted"), predicted(rank), "rank {rank}: every prediction carried back");
+    }
+    assert!(predicted(ranks[0]) > 0.0, "the repeat was predicted cached");
+    // A refused request, and a response without a count: nothing reported.
+    engines[ranks[0] as usize].answer_status(503);
+    engines[1 - ranks[0] as usize].answer_status(503);
+    assert_eq!(post(p.addr, &plain).status, 503);
+    let quiet = OpenAiServer::start();
+    let q = over(&[&quiet], "cache_aware", "");
+    assert_eq!(post(q.addr, &plain).status, 200);
+    eventually("both ends booked", || {
+        (books(&p.d)[..].iter().all(|b| b.1 == 0) && books(&q.d) == [(1, 0)]).then_some(())
+    });
+    let delivered: f64 = (0..2).map(|r| reported(r, "delivered")).sum();
+    assert_eq!(delivered, 48.0 * 3.0, "the 503 reported nothing");
+    assert_eq!(q.d.metric("dpcoord_prefix_reported_tokens_total{dp_rank=\"0\",kind=\"predicted\"}"), Some(0.0));
+}

@@ -3,7 +3,9 @@
 //! request it receives, serves vLLM's gauges on `/metrics` (the requests it
 //! is answering as `running`), and answers a completion with one JSON
 //! object, or, when the body asks to `stream`, with `data:` events sent one
-//! at a time, the last only once the test opens the gate.
+//! at a time, the last only once the test opens the gate. Told a count of
+//! cached prompt tokens, it reports it as vLLM does, in the `usage` of the
+//! body or of the stream's last event before `[DONE]`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -32,6 +34,8 @@ struct Shared {
     gate_closed: AtomicBool,
     /// Every completion is answered with this status (0: 200).
     status: AtomicU16,
+    /// `usage.prompt_tokens_details.cached_tokens` of every completion.
+    cached: Mutex<Option<u64>>,
     stop: AtomicBool,
 }
 
@@ -82,6 +86,12 @@ impl OpenAiServer {
 
     pub fn open_gate(&self) {
         self.shared.gate_closed.store(false, Ordering::Relaxed);
+    }
+
+    /// Reports `cached` prompt tokens served from the cache in every
+    /// completion's usage from now on.
+    pub fn report_cached(&self, cached: u64) {
+        *self.shared.cached.lock().unwrap() = Some(cached);
     }
 
     /// Answers every completion with `status` from now on.
@@ -140,9 +150,15 @@ fn serve(conn: TcpStream, s: &Shared) {
             respond(&mut out, 200, &text)
         } else if method == "POST" {
             s.running.fetch_add(1, Ordering::Relaxed);
+            let usage = s.cached.lock().unwrap().map(|n| {
+                format!(r#""usage":{{"prompt_tokens":100,"total_tokens":101,"completion_tokens":1,"prompt_tokens_details":{{"cached_tokens":{n}}}}}"#)
+            });
             let ok = match s.status.load(Ordering::Relaxed) {
-                0 if stream => events(&mut out, s),
-                0 => respond(&mut out, 200, r#"{"choices":[{"text":"ok"}]}"#),
+                0 if stream => events(&mut out, s, usage),
+                0 => match usage {
+                    Some(u) => respond(&mut out, 200, &format!(r#"{{"choices":[{{"text":"ok"}}],{u}}}"#)),
+                    None => respond(&mut out, 200, r#"{"choices":[{"text":"ok"}]}"#),
+                },
                 code => respond(&mut out, code, r#"{"error":"engine"}"#),
             };
             s.running.fetch_sub(1, Ordering::Relaxed);
@@ -161,8 +177,9 @@ fn respond(out: &mut TcpStream, status: u16, body: &str) -> bool {
         .is_ok()
 }
 
-/// Three events, chunked; the third after the gate opens.
-fn events(out: &mut TcpStream, s: &Shared) -> bool {
+/// Three events, chunked (and one with `usage` before the last); the
+/// third after the gate opens.
+fn events(out: &mut TcpStream, s: &Shared, usage: Option<String>) -> bool {
     let chunk = |out: &mut TcpStream, data: &str| {
         let event = format!("data: {data}\n\n");
         write!(out, "{:x}\r\n{event}\r\n", event.len()).and_then(|()| out.flush()).is_ok()
@@ -177,5 +194,7 @@ fn events(out: &mut TcpStream, s: &Shared) -> bool {
     while s.gate_closed.load(Ordering::Relaxed) && waited.elapsed() < DEADLINE {
         std::thread::sleep(Duration::from_millis(2));
     }
-    chunk(out, "[DONE]") && write!(out, "0\r\n\r\n").is_ok()
+    usage.is_none_or(|u| chunk(out, &format!(r#"{{"choices":[],{u}}}"#)))
+        && chunk(out, "[DONE]")
+        && write!(out, "0\r\n\r\n").is_ok()
 }

@@ -53,6 +53,15 @@ pub struct Query {
     /// `health_report`'s outcome.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ok: Option<bool>,
+    /// Asks for the prediction (`explain`) with the placement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<bool>,
+    /// `delivered`'s report: the prediction carried back, and what the
+    /// engine served from its cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -75,6 +84,21 @@ pub struct Reply {
     pub fallbacks: Vec<u32>,
     #[serde(default)]
     pub error: Option<ReplyError>,
+    #[serde(default)]
+    pub explain: Option<Explained>,
+}
+
+/// A reply's `explain`: what was predicted cached on each rank placed on.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Explained {
+    #[serde(default)]
+    pub chosen: Vec<Chosen>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Chosen {
+    pub rank: u32,
+    pub predicted: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

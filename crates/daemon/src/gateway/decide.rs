@@ -67,6 +67,9 @@ pub struct Decision {
     pub fallbacks: Vec<(u32, String)>,
     /// The settings the endpoints were read from (`rank_header`...).
     pub gateway: Arc<Gateway>,
+    /// Prompt tokens predicted cached on `rank`, when asked for and made
+    /// (a prefix-weighing policy, a prompt).
+    pub predicted: Option<u64>,
 }
 
 impl Decider {
@@ -76,13 +79,15 @@ impl Decider {
     }
 
     /// Routes a parsed request among the eligible ranks (`subset`: the
-    /// gateway's hint), asking for `fallbacks` next-best ranks. The rank is
-    /// booked (pending) by the coordinator; counted `routed`.
+    /// gateway's hint), asking for `fallbacks` next-best ranks and, with
+    /// `explain`, the prediction. The rank is booked (pending) by the
+    /// coordinator; counted `routed`.
     pub async fn route(
         &self,
         parsed: body::OpenAiRequest,
         subset: Option<&[String]>,
         fallbacks: u8,
+        explain: bool,
     ) -> Result<Decision, Refusal> {
         let gateway = self.gateway();
         let dp = self.published.dp_size();
@@ -96,7 +101,8 @@ impl Decider {
         let fallbacks = (fallbacks > 0 && gateway.rank_header.is_none()).then_some(fallbacks);
         let session = parsed.user.clone();
         let shed_waiting = gateway.shed_waiting;
-        let mut q = Query { op: "route", session, among, fallbacks, shed_waiting, ..Query::default() };
+        let explain = explain.then_some(true);
+        let mut q = Query { op: "route", session, among, fallbacks, shed_waiting, explain, ..Query::default() };
         self.key_prompt(&mut q, &gateway, parsed.prompt).await;
         // The same query without its prompt, kept for the retry below: the
         // prompt's ids are moved, not copied.
@@ -112,6 +118,7 @@ impl Decider {
         let Some(r) = reply else {
             return Err(Refusal::new(500, "dpcoord's coordinator is not answering", Outcome::RejectedError));
         };
+        let explained = r.explain.map(|e| e.chosen).unwrap_or_default();
         let rank = match (r.ok, r.ranks.first(), r.error) {
             (true, Some(&rank), _) => rank,
             (_, _, Some(e)) if e.code == "no_engine_available" || e.code == "rank_unavailable" => {
@@ -137,7 +144,8 @@ impl Decider {
                 next.push((f, e.to_owned()));
             }
         }
-        Ok(Decision { rank, endpoint, fallbacks: next, gateway })
+        let predicted = explained.iter().find(|c| c.rank == rank).map(|c| c.predicted);
+        Ok(Decision { rank, endpoint, fallbacks: next, gateway, predicted })
     }
 
     /// A request without a prompt (`GET /v1/models`, a health check): the
@@ -166,7 +174,7 @@ impl Decider {
             .into_iter()
             .collect();
         self.metrics.outcome(Outcome::RoutedBodyless);
-        Ok(Decision { rank, endpoint, fallbacks, gateway })
+        Ok(Decision { rank, endpoint, fallbacks, gateway, predicted: None })
     }
 
     /// The query's prompt: the engine's token ids (with a tokenizer), else
@@ -218,6 +226,13 @@ impl Decider {
 /// The `finished` query of a request placed on `placed` that `rank` served.
 pub fn finished(rank: u32, placed: u32) -> Query {
     Query { op: "finished", rank: Some(rank), placed: (placed != rank).then_some(placed), ..Query::default() }
+}
+
+/// The `delivered` report of a request served on `rank`: `predicted`
+/// cached there, `delivered` served from the engine's cache.
+pub fn delivered(rank: u32, predicted: u64, delivered: u64) -> Query {
+    let (predicted, delivered) = (Some(predicted), Some(delivered));
+    Query { op: "delivered", rank: Some(rank), predicted, delivered, ..Query::default() }
 }
 
 /// The `finished` query that withdraws a placement nothing served.

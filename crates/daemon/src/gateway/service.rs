@@ -189,7 +189,7 @@ impl Picker {
             Err(e) => return self.reject(s, out, Refusal::bad_body(&e)).await,
         };
         let fallbacks = self.decider.gateway().fallbacks;
-        let d = match self.decider.route(parsed, s.subset.as_deref(), fallbacks).await {
+        let d = match self.decider.route(parsed, s.subset.as_deref(), fallbacks, false).await {
             Ok(d) => d,
             Err(r) => return self.reject(s, out, r).await,
         };

@@ -2,7 +2,9 @@
 //! the rank's body passed through as it comes (nothing is held but the
 //! frames already in, for one turn of the runtime: see [`Booked`]), and
 //! `finished` told to the coordinator when the body ends, fails, or the
-//! client goes away (the body is dropped).
+//! client goes away (the body is dropped); and, for a prediction, what the
+//! engine says it served from its cache (`delivered`), read from the end
+//! of a successful response.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -14,7 +16,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 
 use super::super::bridge::Bridge;
-use super::super::decide::finished;
+use super::super::decide::{delivered, finished};
 use super::super::metrics::GatewayMetrics;
 
 /// The placement of a routed request, booked `finished` when dropped.
@@ -24,6 +26,39 @@ pub struct Booking {
     pub rank: u32,
     /// The body came to its end (not cut by the rank or the client).
     pub complete: bool,
+    /// Prompt tokens predicted cached on `rank`, for a successful response
+    /// whose engine's count of cached tokens is to be reported.
+    pub predicted: Option<u64>,
+}
+
+/// How much of a response's end is kept to read the engine's count of
+/// cached prompt tokens from: its usage comes last (a JSON body's `usage`,
+/// a stream's last event before `[DONE]`) and is a few hundred bytes.
+const TAIL: usize = 4 << 10;
+
+/// The last [`TAIL`] bytes of a response, at most twice that held.
+#[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, data: &[u8]) {
+        let data = &data[data.len().saturating_sub(TAIL)..];
+        if self.0.len() + data.len() > 2 * TAIL {
+            self.0.drain(..self.0.len() - TAIL.saturating_sub(data.len()).min(self.0.len()));
+        }
+        self.0.extend_from_slice(data);
+    }
+
+    /// The last `"cached_tokens": N` (vLLM's and SGLang's
+    /// `usage.prompt_tokens_details`); `None` when there is none, or it is
+    /// `null` or not a whole number.
+    fn cached_tokens(&self) -> Option<u64> {
+        const KEY: &[u8] = b"\"cached_tokens\"";
+        let at = self.0.windows(KEY.len()).rposition(|w| w == KEY)?;
+        let rest = self.0[at + KEY.len()..].trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+    }
 }
 
 impl Drop for Booking {
@@ -49,6 +84,8 @@ impl Drop for Booking {
 pub struct Booked {
     inner: Incoming,
     booking: Option<Booking>,
+    /// The response's end so far, kept while a prediction awaits its report.
+    tail: Tail,
     /// Frames taken, not yet handed on.
     held: VecDeque<Frame<Bytes>>,
     /// The body's end (`None`) or its failure, once `held` is handed on.
@@ -93,7 +130,15 @@ impl Wake for Turn {
 
 impl Booked {
     pub fn new(inner: Incoming, booking: Option<Booking>) -> Booked {
-        Booked { inner, booking, held: VecDeque::new(), end: None, gathering: false, turn: Arc::default() }
+        Booked {
+            inner,
+            booking,
+            tail: Tail::default(),
+            held: VecDeque::new(),
+            end: None,
+            gathering: false,
+            turn: Arc::default(),
+        }
     }
 }
 
@@ -126,6 +171,9 @@ impl Body for Booked {
             }
             match Pin::new(&mut me.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
+                    if let (Some(data), Some(Booking { predicted: Some(_), .. })) = (frame.data_ref(), &me.booking) {
+                        me.tail.push(data);
+                    }
                     me.held.push_back(frame);
                     me.gathering = true;
                     // A turn asked for before this frame was taken comes
@@ -138,6 +186,9 @@ impl Body for Booked {
                 Poll::Ready(None) => {
                     if let Some(mut b) = me.booking.take() {
                         b.complete = true;
+                        if let (Some(p), Some(d)) = (b.predicted, me.tail.cached_tokens()) {
+                            b.bridge.tell(delivered(b.rank, p, d));
+                        }
                     }
                     (me.end, me.gathering) = (Some(None), false);
                 }
@@ -169,5 +220,55 @@ impl Body for Booked {
             hint.set_upper(upper + held);
         }
         hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tail;
+
+    fn tail(parts: &[&str]) -> Tail {
+        let mut t = Tail::default();
+        for p in parts {
+            t.push(p.as_bytes());
+        }
+        t
+    }
+
+    #[test]
+    fn the_last_count_of_cached_tokens_is_read_across_frames() {
+        let body = r#"{"usage":{"prompt_tokens":90,"prompt_tokens_details":{"cached_tokens": 64}}}"#;
+        assert_eq!(tail(&[body]).cached_tokens(), Some(64));
+        let (a, b) = body.split_at(40);
+        assert_eq!(tail(&[a, b]).cached_tokens(), Some(64));
+        let stream = [
+            "data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n",
+            "data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        assert_eq!(tail(&stream).cached_tokens(), Some(32));
+    }
+
+    #[test]
+    fn no_count_null_or_not_a_number_is_none() {
+        assert_eq!(tail(&[r#"{"choices":[{"text":"ok"}]}"#]).cached_tokens(), None);
+        assert_eq!(tail(&[r#"{"prompt_tokens_details":{"cached_tokens":null}}"#]).cached_tokens(), None);
+        assert_eq!(tail(&[r#"{"prompt_tokens_details":{"cached_tokens":-3}}"#]).cached_tokens(), None);
+        assert_eq!(tail(&[r#"{"cached_tokens":99999999999999999999999}"#]).cached_tokens(), None);
+    }
+
+    #[test]
+    fn only_the_end_is_kept() {
+        let early = r#"{"cached_tokens":7}"#;
+        let mut t = tail(&[early]);
+        for _ in 0..100 {
+            t.push(&[b'y'; 1000]);
+            assert!(t.0.len() <= 2 * super::TAIL);
+        }
+        assert_eq!(t.cached_tokens(), None, "a count long before the end is gone");
+        t.push(&vec![b'z'; 3 * super::TAIL]);
+        assert!(t.0.len() <= 2 * super::TAIL);
+        t.push(early.as_bytes());
+        assert_eq!(t.cached_tokens(), Some(7));
     }
 }

@@ -85,7 +85,7 @@ pub async fn handle(State(p): State<Arc<Proxy>>, req: Request) -> Response {
     };
     let decided = if routed {
         match body::parse(&held.bytes) {
-            Ok(parsed) => p.decider.route(parsed, None, 1).await,
+            Ok(parsed) => p.decider.route(parsed, None, 1, true).await,
             Err(e) => Err(Refusal::bad_body(&e)),
         }
     } else {
@@ -163,6 +163,7 @@ async fn forward(p: &Proxy, parts: &axum::http::request::Parts, held: Held, d: D
                         metrics: p.decider.metrics.clone(),
                         rank,
                         complete: false,
+                        predicted: d.predicted,
                     }),
                     // Served by the next-best rank: the placement moves
                     // there now, as the picker books a gateway's retry.
@@ -240,10 +241,21 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// The rank's response, its body streamed through.
-fn respond(p: &Proxy, resp: hyper::Response<hyper::body::Incoming>, rank: u32, booking: Option<Booking>) -> Response {
+fn respond(
+    p: &Proxy,
+    resp: hyper::Response<hyper::body::Incoming>,
+    rank: u32,
+    mut booking: Option<Booking>,
+) -> Response {
     let (parts, inner) = resp.into_parts();
     if parts.status.is_server_error() {
         p.decider.metrics.rank_error(rank, "status_5xx");
+    }
+    if !parts.status.is_success() {
+        // Nothing was served from a cache for a refused request.
+        if let Some(b) = &mut booking {
+            b.predicted = None;
+        }
     }
     let mut out = Response::new(Body::new(Booked::new(inner, booking)));
     *out.status_mut() = parts.status;

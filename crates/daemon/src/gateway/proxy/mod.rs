@@ -5,7 +5,8 @@
 //! (`decide.rs`), its response streamed back unbuffered, and its end booked.
 //!
 //! - `forward.rs`: one request, from its body to its response
-//! - `booked.rs`: the response body that books `finished` at its end
+//! - `booked.rs`: the response body that books `finished` at its end, and
+//!   reports what the engine served from its cache (`delivered`)
 //! - `reach.rs`: ranks the proxy could not connect to, reported and retried
 //!
 //! Its client connections are served as the HTTP server's are
