@@ -6,12 +6,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
-use dpcoord::config::keys::StrKey;
-use dpcoord::config::{self, Config, ConfigError, LogFormat};
-use dpcoord::io::daemon::Daemon;
-use dpcoord::io::reload::ConfigSource;
-use dpcoord::io::sockets::TransportError;
-use dpcoord::io::{http, ipc};
+use dpcoord_daemon::config::keys::StrKey;
+use dpcoord_daemon::config::{self, Config, ConfigError, LogFormat};
+use dpcoord_daemon::io::daemon::Daemon;
+use dpcoord_daemon::io::reload::ConfigSource;
+use dpcoord_daemon::io::sockets::TransportError;
+use dpcoord_daemon::io::{http, ipc};
 
 /// The command's own arguments; the config flags (`--dp-size`, ...) are
 /// added from the key specs by [`command_line`].
@@ -40,7 +40,7 @@ enum Cmd {
         file: PathBuf,
     },
     /// GET /healthz (or /readyz) of a running dpcoord: exit 0 on 200, 1 otherwise, 2 on a bad URL.
-    Probe(dpcoord::io::probe::ProbeArgs),
+    Probe(dpcoord_daemon::io::probe::ProbeArgs),
     /// Serve an OpenAI-compatible proxy in front of one server per rank (vLLM or vLLM Ascend with
     /// external data parallelism, SGLang, any OpenAI-compatible engine): each request goes to the rank
     /// dpcoord picks. Takes the daemon's flags too (`--policy`, ...).
@@ -159,14 +159,14 @@ fn init_logging(format: LogFormat) {
 /// Waits for SIGTERM, SIGINT, or the daemon ending on its own; SIGHUP
 /// asks the daemon to reload its configuration and waits on. Every other
 /// signal that would end the process is logged and ignored
-/// ([`dpcoord::io::signals`]). All handlers are installed before the first
+/// ([`dpcoord_daemon::io::signals`]). All handlers are installed before the first
 /// await, so once the HTTP server answers (it runs inside this wait), they are.
 async fn wait_for_stop(daemon: &Daemon) -> std::io::Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    dpcoord::io::signals::ignore_the_rest()?;
+    dpcoord_daemon::io::signals::ignore_the_rest()?;
     let mut poll = tokio::time::interval(std::time::Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -220,15 +220,17 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let listener =
         http::bind(cfg.server.metrics_bind).map_err(|e| bind_failed(&e, ipc::listen_is_config_error(&e.source)))?;
-    let epp = listen(cfg.server.epp_bind, &dpcoord::config::keys::EPP_BIND)?;
-    let proxy = listen(cfg.server.proxy_bind, &dpcoord::config::keys::PROXY_BIND)?;
+    let epp = listen(cfg.server.epp_bind, &dpcoord_daemon::config::keys::EPP_BIND)?;
+    let proxy = listen(cfg.server.proxy_bind, &dpcoord_daemon::config::keys::PROXY_BIND)?;
     // The model's tokenizer is read before anything serves: a file that
     // does not load stops the start, naming its key.
     let prompts = match cfg.server.front() {
-        Some(_) => Some(Arc::new(dpcoord::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
-            // A configuration error: the exit code of one.
-            Failed { why: format!("{}: {e}", dpcoord::config::keys::GATEWAY_TOKENIZER.key.path()), code: 2 }
-        })?)),
+        Some(_) => {
+            Some(Arc::new(dpcoord_daemon::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
+                // A configuration error: the exit code of one.
+                Failed { why: format!("{}: {e}", dpcoord_daemon::config::keys::GATEWAY_TOKENIZER.key.path()), code: 2 }
+            })?))
+        }
         None => None,
     };
     let daemon = Daemon::start(&cfg, source).map_err(|e| {
@@ -238,15 +240,15 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     })?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
-    let decider = |metrics: &dpcoord::gateway::metrics::GatewayMetrics| {
+    let decider = |metrics: &dpcoord_daemon::gateway::metrics::GatewayMetrics| {
         let (bridge, prompts) = (daemon.bridge.clone()?, prompts.clone()?);
         let max_query = cfg.settings.limits.max_message_bytes;
-        Some(dpcoord::gateway::decider(bridge, daemon.published.clone(), metrics.clone(), prompts, max_query))
+        Some(dpcoord_daemon::gateway::decider(bridge, daemon.published.clone(), metrics.clone(), prompts, max_query))
     };
     let picker = match (epp, decider(&daemon.gateway_metrics)) {
         (Some(l), Some(decider)) => {
             tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            Some(dpcoord::gateway::spawn(rt.handle(), l, decider))
+            Some(dpcoord_daemon::gateway::spawn(rt.handle(), l, decider))
         }
         _ => None,
     };
@@ -258,7 +260,7 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
                 "proxy serving"
             );
             let (limits, conns) = (cfg.server.proxy, daemon.proxy_conns);
-            Some(dpcoord::gateway::proxy::spawn(rt.handle(), l, decider, limits, conns, &daemon.registry))
+            Some(dpcoord_daemon::gateway::proxy::spawn(rt.handle(), l, decider, limits, conns, &daemon.registry))
         }
         _ => None,
     };
@@ -339,7 +341,7 @@ fn main() -> ExitCode {
         Some(Cmd::Demo(args)) => dpcoord_sim::demo::main(args),
         #[cfg(feature = "sim")]
         Some(Cmd::Sim(args)) => dpcoord_sim::main(args),
-        Some(Cmd::Probe(args)) => dpcoord::io::probe::main(args),
+        Some(Cmd::Probe(args)) => dpcoord_daemon::io::probe::main(args),
         Some(Cmd::CheckConfig { file }) => match config::read_file(file).and_then(Config::from_table) {
             Ok(cfg) => {
                 println!("{}: ok", file.display());

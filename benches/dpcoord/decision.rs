@@ -12,11 +12,11 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dpcoord::config::{Config, PolicyKind};
-use dpcoord::engines::{EngineEvent, LoadReport};
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{self, Channel, QueryLimits, RouteRequest, SourceKind, Target};
+use dpcoord_daemon::config::{Config, PolicyKind};
+use dpcoord_daemon::engines::{EngineEvent, LoadReport};
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{self, Channel, QueryLimits, RouteRequest, SourceKind, Target};
 
 use crate::report::{num, ratio, Report, Table};
 use crate::support::{route_query, stats_update};

@@ -10,9 +10,9 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use dpcoord::engines::prefix::keys::{chain_keys, chain_seed};
-use dpcoord::gateway::prompt::{Encoded, PromptEncoder};
-use dpcoord::gateway::{ChatMessage, PromptText};
+use dpcoord_daemon::engines::prefix::keys::{chain_keys, chain_seed};
+use dpcoord_daemon::gateway::prompt::{Encoded, PromptEncoder};
+use dpcoord_daemon::gateway::{ChatMessage, PromptText};
 
 use crate::report::{num, Report, Table};
 use crate::support::Latencies;

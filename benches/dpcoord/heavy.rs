@@ -14,9 +14,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use dpcoord::engines::kv::{KvEvent, Medium, Stored};
-use dpcoord::engines::prefix::{PrefixIndex, Progress};
-use dpcoord::wire::{read_vllm_metrics, VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
+use dpcoord_daemon::engines::kv::{KvEvent, Medium, Stored};
+use dpcoord_daemon::engines::prefix::{PrefixIndex, Progress};
+use dpcoord_daemon::wire::{read_vllm_metrics, VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
 
 use crate::report::{num, rate, Report, Table};
 use crate::support::{eventually, Daemon, Mp};

@@ -8,10 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use dpcoord::config::PolicyKind;
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{Channel, SourceKind};
+use dpcoord_daemon::config::PolicyKind;
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{Channel, SourceKind};
 
 use crate::decision::{config, counts};
 use crate::report::{num, Report, Table};

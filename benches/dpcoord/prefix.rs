@@ -11,14 +11,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dpcoord::config::{Config, PolicyKind};
-use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium, Stored};
-use dpcoord::engines::prefix::keys::{chain_keys, chain_seed};
-use dpcoord::engines::prefix::PrefixIndex;
-use dpcoord::engines::{EngineEvent, LoadReport};
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{decode_kv_batch, Channel, SourceKind};
+use dpcoord_daemon::config::{Config, PolicyKind};
+use dpcoord_daemon::engines::kv::{KvBatch, KvBody, KvEvent, KvMessage, Medium, Stored};
+use dpcoord_daemon::engines::prefix::keys::{chain_keys, chain_seed};
+use dpcoord_daemon::engines::prefix::PrefixIndex;
+use dpcoord_daemon::engines::{EngineEvent, LoadReport};
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{decode_kv_batch, Channel, SourceKind};
 
 use crate::report::{num, rate, ratio, Report, Table};
 use crate::support::{Daemon, Mp};
@@ -237,7 +237,7 @@ fn ingest_in_process(mode: Mode, report: &mut Report) {
     let bodies = batches(n);
     let cfg = Config::default();
     let mut c = Coordinator::new(&cfg.settings, Metrics::new(8), Instant::now()).with_kv_endpoints(&[
-        dpcoord::config::KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None },
+        dpcoord_daemon::config::KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None },
     ]);
     let kind = SourceKind::KvEvents { stream: 0, replay: false };
     let blocks = (n * BATCH_EVENTS * EVENT_BLOCKS) as f64;
@@ -272,7 +272,7 @@ fn ingest_in_process(mode: Mode, report: &mut Report) {
 fn fleet(dp: u32, policy: PolicyKind, prompt: &[u32]) -> Coordinator {
     let cfg = crate::decision::config(dp, policy);
     let now = Instant::now();
-    let kv = dpcoord::config::KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None };
+    let kv = dpcoord_daemon::config::KvEndpoint { connect: "tcp://127.0.0.1:1".into(), replay: None, rank: None };
     let mut c = Coordinator::new(&cfg.settings, Metrics::new(dp), now).with_kv_endpoints(&[kv]);
     for rank in 0..dp {
         let report = LoadReport::new(rank, 1, 1).counts(crate::decision::counts(rank, 0));

@@ -5,7 +5,7 @@
 //! than a token per byte of the prompt's text.
 #![no_main]
 
-use dpcoord::gateway::body::parse;
+use dpcoord_daemon::gateway::body::parse;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

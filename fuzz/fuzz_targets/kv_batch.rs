@@ -11,9 +11,9 @@
 //! leaves the index and the counts exactly as applying it whole does.
 #![no_main]
 
-use dpcoord::engines::kv::{KvBatch, KvBody, KvEvent, Medium};
-use dpcoord::engines::prefix::{PrefixIndex, Progress};
-use dpcoord::wire::{decode_kv_batch, decode_kv_message, BAD_GROUP, LOOKAHEAD, OPAQUE_EXTRA};
+use dpcoord_daemon::engines::kv::{KvBatch, KvBody, KvEvent, Medium};
+use dpcoord_daemon::engines::prefix::{PrefixIndex, Progress};
+use dpcoord_daemon::wire::{decode_kv_batch, decode_kv_message, BAD_GROUP, LOOKAHEAD, OPAQUE_EXTRA};
 use libfuzzer_sys::fuzz_target;
 use rmp::encode;
 
@@ -61,7 +61,7 @@ fn sliced(batch: &KvBatch, budget: usize) {
 
 /// The payload inside a live and a replayed message: the same batch (or the
 /// same refusal), and a payload over `max_payload` refused whatever it holds.
-fn framing(data: &[u8], decoded: &Result<KvBatch, dpcoord::wire::BatchError>) {
+fn framing(data: &[u8], decoded: &Result<KvBatch, dpcoord_daemon::wire::BatchError>) {
     let seq = 41u64.to_be_bytes();
     let want = KvBody::Batch { seq: 41, batch: decoded.clone().map_err(|e| format!("KV events: {e}")) };
     let live = decode_kv_message(3, false, &[&b"kv"[..], &seq, data], data.len()).expect("well-framed");

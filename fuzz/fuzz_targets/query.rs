@@ -6,10 +6,10 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use dpcoord::config::Config;
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{Channel, SourceKind};
+use dpcoord_daemon::config::Config;
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{Channel, SourceKind};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 

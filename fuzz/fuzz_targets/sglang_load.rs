@@ -9,8 +9,8 @@
 //! refused within the first eight (a nil count).
 #![no_main]
 
-use dpcoord::engines::Sequence;
-use dpcoord::wire::{decode_sglang_load, SglangError};
+use dpcoord_daemon::engines::Sequence;
+use dpcoord_daemon::wire::{decode_sglang_load, SglangError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,7 +8,7 @@ mod shared;
 
 use std::time::Duration;
 
-use dpcoord::wire::SourceKind;
+use dpcoord_daemon::wire::SourceKind;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 
 mod shared;
 
-use dpcoord::wire::SourceKind;
+use dpcoord_daemon::wire::SourceKind;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| shared::feed(SourceKind::Stats, &[data]));

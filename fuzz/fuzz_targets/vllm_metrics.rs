@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use dpcoord::engines::Sequence;
-use dpcoord::wire::{decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics};
+use dpcoord_daemon::engines::Sequence;
+use dpcoord_daemon::wire::{decode_vllm_gauges, decode_vllm_metrics, read_vllm_metrics};
 use libfuzzer_sys::fuzz_target;
 
 const RANK: [u8; 4] = 7u32.to_be_bytes();

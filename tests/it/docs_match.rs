@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use crate::common::*;
-use dpcoord::config::keys;
+use dpcoord_daemon::config::keys;
 
 fn doc(path: &str) -> String {
     std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use dpcoord::wire::{VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
+use dpcoord_daemon::wire::{VLLM_FAMILIES, VLLM_MAX_BODY_BYTES, VLLM_MAX_SAMPLES};
 use rmpv::Value as M;
 use serde_json::{json, Value};
 

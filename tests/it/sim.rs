@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::wait_or_kill;
-use dpcoord::config::PolicyKind;
+use dpcoord_daemon::config::PolicyKind;
 
 /// Longest any one run may take (`sim all` with its defaults takes about 16 s unoptimized).
 const DEADLINE: Duration = Duration::from_secs(90);

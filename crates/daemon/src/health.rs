@@ -7,11 +7,11 @@
 //!
 //! ```compile_fail,E0603
 //! // The user side is private to `routing`: no path reaches it from here.
-//! use dpcoord::routing::user::UserDispatcher;
+//! use dpcoord_daemon::routing::user::UserDispatcher;
 //! ```
 //!
 //! ```compile_fail,E0603
-//! use dpcoord::routing::ledger::Ledger;
+//! use dpcoord_daemon::routing::ledger::Ledger;
 //! ```
 //!
 //! What a health result may influence, exactly: a failed `health_report`

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValuesParser;
 use clap::{ArgAction, ValueEnum};
 
-use dpcoord::config::PolicyKind;
+use dpcoord_daemon::config::PolicyKind;
 
 use super::arms;
 use super::error::SimError;

@@ -30,8 +30,8 @@ use crate::prompts::Workload;
 use crate::record::{Live, Recorder};
 use crate::workload::{Lengths, Load};
 use crate::world::{self, ArmSpec, Handoff, Probe, Prompts};
-use dpcoord::io::http;
-use dpcoord::wire::StateView;
+use dpcoord_daemon::io::http;
+use dpcoord_daemon::wire::StateView;
 
 const PROBE_EVERY_MS: u64 = 250;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::record::{std_dev, Live};
 use super::report::thousands;
 use super::stale::StaleRule;
-use dpcoord::wire::StateView;
+use dpcoord_daemon::wire::StateView;
 
 pub const RANKS: u32 = 8;
 /// Requests in flight over all frontends (closed loop).
@@ -99,7 +99,7 @@ fn times(n: u32) -> String {
 /// Whether the demo's frontends send prompts and its engines publish KV events
 /// (`cache_aware`, `lmetric`).
 pub(super) fn prefix_aware(policy: &str) -> bool {
-    dpcoord::routing::PolicyKind::parse(policy).is_some_and(|p| p.uses_prefix())
+    dpcoord_daemon::routing::PolicyKind::parse(policy).is_some_and(|p| p.uses_prefix())
 }
 
 /// What every phase sends: shared-prefix prompts (`prompts::Workload::Shared`).

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use dpcoord::config::ConfigError;
-use dpcoord::io::sockets::TransportError;
+use dpcoord_daemon::config::ConfigError;
+use dpcoord_daemon::io::sockets::TransportError;
 
 use super::trace_file::TraceError;
 
@@ -37,7 +37,7 @@ pub enum SimError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
-    Http(#[from] dpcoord::io::http::BindError),
+    Http(#[from] dpcoord_daemon::io::http::BindError),
     #[error("{0}")]
     Usage(String),
     #[error("{0}")]

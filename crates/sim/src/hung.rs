@@ -17,7 +17,7 @@ use super::scenario::{base, describe, nominal_us, policies, run_arm, Outcome, St
 use super::summary::ArmResult;
 use super::world::{ArmSpec, BEAT};
 use super::{report, svg};
-use dpcoord::config::keys;
+use dpcoord_daemon::config::keys;
 
 /// A frontend's wait for a request's next token (the first, from its
 /// placement) before it places it again.

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::error::NetError;
 use super::prefix_cache::KvEvent;
 use super::stepped::{SourcePeer, Wiring};
-use dpcoord::wire::SourceKind;
+use dpcoord_daemon::wire::SourceKind;
 
 pub struct KvPub {
     peer: SourcePeer,

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dpcoord::config::{keys, Config, PolicyKind};
-use dpcoord::io::daemon::Daemon;
-use dpcoord::io::reload::ConfigSource;
-use dpcoord::routing::Published;
+use dpcoord_daemon::config::{keys, Config, PolicyKind};
+use dpcoord_daemon::io::daemon::Daemon;
+use dpcoord_daemon::io::reload::ConfigSource;
+use dpcoord_daemon::routing::Published;
 
 use super::error::SimError;
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::NetError;
 use super::stepped::{QueryPeer, SourcePeer, Wiring};
-use dpcoord::wire::{Channel, SourceKind};
+use dpcoord_daemon::wire::{Channel, SourceKind};
 
 #[derive(Serialize)]
 struct Query<'a> {

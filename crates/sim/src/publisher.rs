@@ -10,7 +10,7 @@ use super::error::NetError;
 use super::model::{Micros, SimEngine};
 use super::net::StatsPub;
 use super::stepped::{SourcePeer, Wiring};
-use dpcoord::wire::SourceKind;
+use dpcoord_daemon::wire::SourceKind;
 
 /// SGLang re-sends an unchanged stat at most this often (virtual time).
 const HEARTBEAT: Micros = 1_000_000;

@@ -21,7 +21,7 @@ use super::summary::ArmResult;
 use super::workload::{Lengths, Load};
 use super::world::{self, ArmSpec, Handoff, Probe, Prompts};
 use super::{report, svg};
-use dpcoord::config::keys;
+use dpcoord_daemon::config::keys;
 
 /// One scenario's report and chart.
 pub struct Outcome {

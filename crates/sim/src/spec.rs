@@ -21,7 +21,7 @@ pub struct CacheWeights {
 impl Default for CacheWeights {
     /// The daemon's defaults (`config::keys`).
     fn default() -> CacheWeights {
-        use dpcoord::config::keys::{CACHE_BALANCE_ABS_TOKENS, CACHE_BALANCE_REL, CACHE_PREFILL_WEIGHT};
+        use dpcoord_daemon::config::keys::{CACHE_BALANCE_ABS_TOKENS, CACHE_BALANCE_REL, CACHE_PREFILL_WEIGHT};
         CacheWeights {
             prefill: CACHE_PREFILL_WEIGHT.default,
             balance_abs: CACHE_BALANCE_ABS_TOKENS.default as f64,

@@ -16,9 +16,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{Channel, SourceKind};
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{Channel, SourceKind};
 
 use super::error::{NetError, SimError};
 use super::local::{DaemonSettings, Endpoints};

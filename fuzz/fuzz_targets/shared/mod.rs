@@ -5,10 +5,10 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use dpcoord::config::{Config, KvEndpoint};
-use dpcoord::observability::metrics::Metrics;
-use dpcoord::routing::Coordinator;
-use dpcoord::wire::{decode_source, SourceKind, SourceLimits};
+use dpcoord_daemon::config::{Config, KvEndpoint};
+use dpcoord_daemon::observability::metrics::Metrics;
+use dpcoord_daemon::routing::Coordinator;
+use dpcoord_daemon::wire::{decode_source, SourceKind, SourceLimits};
 
 thread_local! {
     static COORD: RefCell<Coordinator> = RefCell::new({

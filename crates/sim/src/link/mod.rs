@@ -18,7 +18,7 @@ use super::net::{Answer, Rpc, StatsPub};
 use super::prefix_cache::KvEvent;
 use super::publisher::{LoadPub, Publisher};
 use super::stepped::Wiring;
-use dpcoord::wire::Channel;
+use dpcoord_daemon::wire::Channel;
 
 mod sync;
 
