@@ -3,10 +3,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
-use dpcoord_daemon::config::keys::StrKey;
 use dpcoord_daemon::config::{self, Config, ConfigError, LogFormat};
 use dpcoord_daemon::io::daemon::Daemon;
 use dpcoord_daemon::io::reload::ConfigSource;
@@ -44,6 +42,7 @@ enum Cmd {
     /// Serve an OpenAI-compatible proxy in front of one server per rank (vLLM or vLLM Ascend with
     /// external data parallelism, SGLang, any OpenAI-compatible engine): each request goes to the rank
     /// dpcoord picks. Takes the daemon's flags too (`--policy`, ...).
+    #[cfg(feature = "gateway")]
     Proxy(ProxyArgs),
     #[cfg(feature = "sim")]
     /// Run 8 simulated engines, frontends and a health prober in three phases (a stale snapshot,
@@ -76,7 +75,10 @@ const PROXY: &str = "proxy";
 
 /// Parses the command line: the command's own arguments and the config flags.
 fn command_line() -> Result<(Cli, ArgMatches), clap::Error> {
-    let mut cmd = Cli::command().args(config::flags()).mut_subcommand(PROXY, |s| s.args(config::flags()));
+    let mut cmd = Cli::command().args(config::flags());
+    if cfg!(feature = "gateway") {
+        cmd = cmd.mut_subcommand(PROXY, |s| s.args(config::flags()));
+    }
     let matches = cmd.try_get_matches_from_mut(std::env::args_os()).map_err(|e| with_values(e, &cmd))?;
     if let Some(sub) = matches.subcommand_name() {
         // The daemon's flags before a subcommand would be silently ignored.
@@ -199,18 +201,6 @@ fn bind_failed(e: impl std::fmt::Display, config: bool) -> Failed {
     Failed { why: e.to_string(), code: if config { 2 } else { 1 } }
 }
 
-/// A gateway front's listener, bound before the daemon starts (a busy port
-/// stops the start, naming `key`); `None` when the front is off.
-fn listen(bind: Option<std::net::SocketAddr>, key: &StrKey) -> Result<Option<std::net::TcpListener>, Failed> {
-    let Some(addr) = bind else { return Ok(None) };
-    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
-        let why = format!("cannot listen on {addr} ({}): {e}", key.key.path());
-        bind_failed(why, ipc::listen_is_config_error(&e))
-    })?;
-    listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    Ok(Some(listener))
-}
-
 /// Serves until a signal or the coordinator's end.
 fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
     init_logging(cfg.server.log_format);
@@ -220,68 +210,21 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let listener =
         http::bind(cfg.server.metrics_bind).map_err(|e| bind_failed(&e, ipc::listen_is_config_error(&e.source)))?;
-    let epp = listen(cfg.server.epp_bind, &dpcoord_daemon::config::keys::EPP_BIND)?;
-    let proxy = listen(cfg.server.proxy_bind, &dpcoord_daemon::config::keys::PROXY_BIND)?;
-    // The model's tokenizer is read before anything serves: a file that
-    // does not load stops the start, naming its key.
-    let prompts = match cfg.server.front() {
-        Some(_) => {
-            Some(Arc::new(dpcoord_daemon::gateway::prompts::Prompts::load(&cfg.settings.gateway).map_err(|e| {
-                // A configuration error: the exit code of one.
-                Failed { why: format!("{}: {e}", dpcoord_daemon::config::keys::GATEWAY_TOKENIZER.key.path()), code: 2 }
-            })?))
-        }
-        None => None,
-    };
-    let daemon = Daemon::start(&cfg, source).map_err(|e| {
+    let fronts = fronts::ready(&cfg)?;
+    let daemon = Daemon::start(&cfg, source, fronts::local(&fronts)).map_err(|e| {
         let config =
             matches!(&e, TransportError::Endpoint { what: "bind", source, .. } if ipc::bind_is_config_error(source));
         bind_failed(&e, config)
     })?;
+    let fronts = fronts::start(fronts, rt.handle(), &cfg, &daemon)?;
     let web = http::spawn(rt.handle(), listener, daemon.registry.clone(), daemon.published.clone(), daemon.http);
     tracing::info!(metrics = %cfg.server.metrics_bind, "HTTP serving /metrics /healthz /readyz /state");
-    let decider = |metrics: &dpcoord_daemon::gateway::metrics::GatewayMetrics| {
-        let (bridge, prompts) = (daemon.bridge.clone()?, prompts.clone()?);
-        let max_query = cfg.settings.limits.max_message_bytes;
-        Some(dpcoord_daemon::gateway::decider(bridge, daemon.published.clone(), metrics.clone(), prompts, max_query))
-    };
-    let picker = match (epp, decider(&daemon.gateway_metrics)) {
-        (Some(l), Some(decider)) => {
-            tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            Some(dpcoord_daemon::gateway::spawn(rt.handle(), l, decider))
-        }
-        _ => None,
-    };
-    let proxy = match (proxy, decider(&daemon.proxy_metrics)) {
-        (Some(l), Some(decider)) => {
-            tracing::info!(
-                proxy = %l.local_addr().map_or(String::new(), |a| a.to_string()),
-                max_connections = daemon.proxy_conns.max_connections,
-                "proxy serving"
-            );
-            let (limits, conns) = (cfg.server.proxy, daemon.proxy_conns);
-            Some(dpcoord_daemon::gateway::proxy::spawn(rt.handle(), l, decider, limits, conns, &daemon.registry))
-        }
-        _ => None,
-    };
     match rt.block_on(wait_for_stop(&daemon)) {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
     }
     // The fronts first, while the coordinator still books their requests' ends.
-    rt.block_on(async {
-        let picker = async {
-            if let Some(p) = picker {
-                p.stop().await;
-            }
-        };
-        let proxy = async {
-            if let Some(p) = proxy {
-                p.stop().await;
-            }
-        };
-        tokio::join!(picker, proxy)
-    });
+    rt.block_on(fronts::stop(fronts));
     // Both wind down at once, so shutdown takes the longer of the two, not the sum.
     let (web, coordinator) =
         rt.block_on(async { tokio::join!(web.stop(), tokio::task::spawn_blocking(move || daemon.stop())) });
@@ -350,6 +293,7 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e, ExitCode::from(2)),
         },
+        #[cfg(feature = "gateway")]
         Some(Cmd::Proxy(args)) => {
             let matches = matches.subcommand_matches(PROXY).cloned().unwrap_or_default();
             // `dpcoord --config FILE proxy ...` reads FILE as well.
@@ -358,4 +302,88 @@ fn main() -> ExitCode {
         }
         None => run(Sources { config: cli.config.clone(), matches, proxy: None }),
     }
+}
+
+/// The gateway's fronts (crates/gateway), when the command is built with
+/// them (the `gateway` feature, on by default).
+#[cfg(feature = "gateway")]
+mod fronts {
+    use dpcoord_daemon::config::keys::{StrKey, EPP_BIND, GATEWAY_TOKENIZER, PROXY_BIND};
+    use dpcoord_daemon::config::Config;
+    use dpcoord_daemon::io::daemon::Daemon;
+    use dpcoord_daemon::io::ipc;
+    use dpcoord_daemon::io::sockets::Local;
+    use dpcoord_gateway::{Fronts, Ready};
+
+    use super::{bind_failed, Failed};
+
+    /// The fronts' listeners bound and the model's tokenizer read before
+    /// anything serves: a busy port or a file that does not load stops the
+    /// start, naming its key.
+    pub fn ready(cfg: &Config) -> Result<Ready, Failed> {
+        let (epp, proxy) = (listen(cfg.server.epp_bind, &EPP_BIND)?, listen(cfg.server.proxy_bind, &PROXY_BIND)?);
+        // A configuration error: the exit code of one.
+        Ready::new(cfg, epp, proxy)
+            .map_err(|e| Failed { why: format!("{}: {e}", GATEWAY_TOKENIZER.key.path()), code: 2 })
+    }
+
+    /// A front's listener, bound before the daemon starts (a busy port stops
+    /// the start, naming `key`); `None` when the front is off.
+    fn listen(bind: Option<std::net::SocketAddr>, key: &StrKey) -> Result<Option<std::net::TcpListener>, Failed> {
+        let Some(addr) = bind else { return Ok(None) };
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+            let why = format!("cannot listen on {addr} ({}): {e}", key.key.path());
+            bind_failed(why, ipc::listen_is_config_error(&e))
+        })?;
+        listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        Ok(Some(listener))
+    }
+
+    /// The daemon's in-process endpoints the fronts ask through.
+    pub fn local(ready: &Ready) -> Local {
+        ready.local()
+    }
+
+    /// The fronts serving, once the daemon is.
+    pub fn start(ready: Ready, rt: &tokio::runtime::Handle, cfg: &Config, daemon: &Daemon) -> Result<Fronts, Failed> {
+        ready.start(rt, cfg, daemon).map_err(|e| Failed::from(format!("cannot start the gateway: {e}")))
+    }
+
+    /// Each front drains for at most its second.
+    pub async fn stop(fronts: Fronts) {
+        fronts.stop().await
+    }
+}
+
+/// Without the gateway: a configuration that turns a front on is refused.
+#[cfg(not(feature = "gateway"))]
+mod fronts {
+    use dpcoord_daemon::config::Config;
+    use dpcoord_daemon::io::daemon::Daemon;
+    use dpcoord_daemon::io::sockets::Local;
+
+    use super::Failed;
+
+    /// No front: nothing to start or stop.
+    pub struct Off;
+
+    pub fn ready(cfg: &Config) -> Result<Off, Failed> {
+        match cfg.server.front() {
+            Some(key) => {
+                let why = format!("{key} is set, but this dpcoord was built without the gateway (feature `gateway`)");
+                Err(Failed { why, code: 2 })
+            }
+            None => Ok(Off),
+        }
+    }
+
+    pub fn local(_: &Off) -> Local {
+        Local::default()
+    }
+
+    pub fn start(off: Off, _: &tokio::runtime::Handle, _: &Config, _: &Daemon) -> Result<Off, Failed> {
+        Ok(off)
+    }
+
+    pub async fn stop(_: Off) {}
 }

@@ -1,6 +1,6 @@
 //! Gateway prompts: what turning an ~8k-token prompt
 //! into a route query's `tokens` or `block_keys` costs, in process, with
-//! Qwen3's real tokenizer (crates/daemon/testdata/tokenizers): tokenizer
+//! Qwen3's real tokenizer (crates/gateway/testdata/tokenizers): tokenizer
 //! mode (a completion; a chat through its template), text mode (keys over
 //! the bytes), and the block keys the daemon computes from given ids
 //! (what a `tokens` query costs it), all in the same run, so the ratios
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use dpcoord_daemon::engines::prefix::keys::{chain_keys, chain_seed};
-use dpcoord_daemon::gateway::prompt::{Encoded, PromptEncoder};
-use dpcoord_daemon::gateway::{ChatMessage, PromptText};
+use dpcoord_gateway::prompt::{Encoded, PromptEncoder};
+use dpcoord_gateway::{ChatMessage, PromptText};
 
 use crate::report::{num, Report, Table};
 use crate::support::Latencies;
@@ -22,7 +22,7 @@ use crate::Mode;
 const BLOCK: u32 = 16;
 
 pub(crate) fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/daemon/testdata/tokenizers/qwen3")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway/testdata/tokenizers/qwen3")
 }
 
 /// Qwen3's tokenizer.json, unzipped into `dir`.

@@ -1,11 +1,11 @@
 //! A request body as a gateway forwards it -> the endpoint picker's OpenAI
-//! body decoder (crates/daemon/src/gateway/body.rs), alone. Checked for
+//! body decoder (crates/gateway/src/body.rs), alone. Checked for
 //! every input: decoding never panics and is deterministic; an accepted
 //! body has a model, and its token estimate is at least 1 and never more
 //! than a token per byte of the prompt's text.
 #![no_main]
 
-use dpcoord_daemon::gateway::body::parse;
+use dpcoord_gateway::body::parse;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

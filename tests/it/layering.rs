@@ -1,5 +1,5 @@
-//! The module layering, checked on the source: the daemon crate does not
-//! depend on the simulator, `config` is the ground (it names no other module
+//! The module layering, checked on the source: the daemon crate depends on
+//! neither the simulator nor the gateway, `config` is the ground (it names no other module
 //! of the crate), and the modules of `io` import each other without a circle.
 //! A change that breaks any fails here, naming the file and the import.
 
@@ -132,21 +132,68 @@ fn the_io_modules_import_each_other_without_a_circle() {
     assert!(edges["transport"].iter().any(|t| t == "sockets"), "{edges:?}");
 }
 
-/// The simulator (crates/sim) uses the daemon, never the other way: the
-/// daemon's manifest does not list it and no source of the daemon names it.
-#[test]
-fn the_daemon_crate_does_not_depend_on_the_simulator() {
-    let manifest = std::fs::read_to_string(daemon().join("Cargo.toml")).unwrap();
-    let deps: Vec<&str> = manifest.lines().filter(|l| l.contains("dpcoord-sim") || l.contains("crates/sim")).collect();
-    assert!(deps.is_empty(), "crates/daemon/Cargo.toml names the simulator:\n{}", deps.join("\n"));
-    let mut named = Vec::new();
-    let files = sources(&src());
-    for file in &files {
-        let text = code(file);
-        let sim = ["dpcoord_sim", "crate::sim", "mod sim", "super::sim"].into_iter().filter(|n| text.contains(n));
-        named.extend(sim.map(|n| format!("{}: {n}", file.strip_prefix(src()).unwrap().display())));
+/// The crates that stand on the daemon, each as its manifest and its code
+/// name it: the daemon names none of them.
+const ABOVE: [(&str, &[&str]); 2] = [
+    ("the simulator", &["dpcoord-sim", "crates/sim", "dpcoord_sim", "crate::sim", "mod sim", "super::sim"]),
+    ("the gateway", &["dpcoord-gateway", "crates/gateway", "dpcoord_gateway", "crate::gateway", "mod gateway"]),
+];
+
+/// The gRPC and tokenizer stack, which only the gateway pulls in.
+const GATEWAY_STACK: [&str; 6] = ["tonic", "tonic-health", "envoy-types", "tokenizers", "minijinja", "tokio-stream"];
+
+/// Each name of `names` that a dependency line of `manifest`, or the code
+/// of one of `files` (path, code), names, as `where: name`.
+fn named(manifest: &str, files: &[(String, String)], names: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in manifest.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let dep = line.split(['=', '.']).next().unwrap_or_default().trim();
+        let listed = names.iter().filter(|n| dep == **n || (n.contains('/') && line.contains(**n)));
+        found.extend(listed.map(|n| format!("Cargo.toml: {n}")));
     }
-    assert!(named.is_empty(), "the daemon names the simulator:\n{}", named.join("\n"));
+    for (path, code) in files {
+        found.extend(names.iter().filter(|n| !n.contains('/') && code.contains(**n)).map(|n| format!("{path}: {n}")));
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The daemon's code, file by file.
+fn daemon_code() -> Vec<(String, String)> {
+    sources(&src()).iter().map(|f| (f.strip_prefix(src()).unwrap().display().to_string(), code(f))).collect()
+}
+
+/// The simulator and the gateway use the daemon, never the other way: the
+/// daemon's manifest does not list them (nor the gRPC and tokenizer stack
+/// the gateway brings) and no source of the daemon names them.
+#[test]
+fn the_daemon_depends_on_neither_the_simulator_nor_the_gateway() {
+    let manifest = std::fs::read_to_string(daemon().join("Cargo.toml")).unwrap();
+    let files = daemon_code();
+    for (what, names) in ABOVE {
+        let found = named(&manifest, &files, names);
+        assert!(found.is_empty(), "the daemon names {what}:\n{}", found.join("\n"));
+    }
+    let stack = named(&manifest, &[], &GATEWAY_STACK);
+    assert!(stack.is_empty(), "the daemon's manifest lists the gateway's stack:\n{}", stack.join("\n"));
     // The check reads the daemon's code: the coordinator is among the files.
-    assert!(files.iter().any(|f| f.ends_with("routing/coordinator/mod.rs")), "{files:?}");
+    assert!(files.iter().any(|(f, _)| f.ends_with("routing/coordinator/mod.rs")), "{files:?}");
+}
+
+/// The check above finds each kind of dependency where there is one: a
+/// manifest line, a path dependency, a use in the code.
+#[test]
+fn the_dependency_check_finds_what_it_is_given() {
+    let gateway = ABOVE[1].1;
+    let manifest = "[dependencies]\n# dpcoord-gateway, in a comment only\nzmq.workspace = true\n";
+    assert_eq!(named(manifest, &[], gateway), Vec::<String>::new());
+    let listed = format!("{manifest}dpcoord-gateway = {{ path = \"../gateway\" }}\n");
+    assert_eq!(named(&listed, &[], gateway), ["Cargo.toml: dpcoord-gateway"]);
+    let by_path = format!("{manifest}gw = {{ path = \"../../crates/gateway\" }}\n");
+    assert_eq!(named(&by_path, &[], gateway), ["Cargo.toml: crates/gateway"]);
+    let code = [("io/daemon.rs".to_owned(), "let b = dpcoord_gateway::Bridge::start();".to_owned())];
+    assert_eq!(named(manifest, &code, gateway), ["io/daemon.rs: dpcoord_gateway"]);
+    let stack = format!("{manifest}tonic.workspace = true\n");
+    assert_eq!(named(&stack, &[], &GATEWAY_STACK), ["Cargo.toml: tonic"]);
 }

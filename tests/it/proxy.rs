@@ -443,7 +443,7 @@ fn an_error_from_the_rank_passes_through_counted_and_booked() {
 fn prompts_are_tokenized_as_the_engine_does_and_a_shared_prefix_stays_on_its_rank() {
     let engines = [OpenAiServer::start(), OpenAiServer::start(), OpenAiServer::start()];
     let dir = tempfile::tempdir().unwrap();
-    let qwen3 = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/daemon/testdata/tokenizers/qwen3");
+    let qwen3 = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway/testdata/tokenizers/qwen3");
     let gz = std::fs::read(qwen3.join("tokenizer.json.gz")).unwrap();
     let mut json = Vec::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut json).unwrap();

@@ -3,7 +3,7 @@ configured (`gateway.tokenizer`) a prompt is keyed by the engine's token ids,
 without it by its text; either way `cache_aware` sends a prompt seen before
 to the rank that holds it, and `dpcoord_gateway_prompts_total{mode}` says which
 keying served. Real binary, real gRPC; the tokenizer is Qwen3's (the fixture
-the prompt encoder's unit tests read, crates/daemon/testdata/tokenizers), and
+the prompt encoder's unit tests read, crates/gateway/testdata/tokenizers), and
 the expected ids come from the golden file transformers wrote."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 from conftest import DEADLINE, bring_up, eventually, free_port
 from test_gateway_epp import A, B, Stream, pending, picked, request, respond
 
-FIXTURES = Path(__file__).resolve().parents[3] / "crates/daemon/testdata/tokenizers"
+FIXTURES = Path(__file__).resolve().parents[3] / "crates/gateway/testdata/tokenizers"
 GOLDEN = json.loads((FIXTURES / "golden.json").read_text())["models"]["qwen3"]
 # The longest completion of the golden file: some hundreds of tokens.
 CASE = max((c for c in GOLDEN if c["kind"] == "completion"), key=lambda c: len(c["ids"]))

@@ -10,20 +10,20 @@
 //! - `routing`: the coordinator and the user side (dispatcher, policies, ledgers, sessions)
 //! - `health`: the health channel, which sees engines through a narrow handle only
 //! - `io`: ZeroMQ sockets, the HTTP server, the daemon's thread
-//! - `gateway`: the Kubernetes gateway endpoint picker (Envoy ext_proc over
-//!   gRPC), which asks the coordinator through the route socket
 //! - `observability`: Prometheus metrics and rate-limited logging
 //! - `config`: TOML + flags -> checked settings
 //!
-//! The simulator and `dpcoord demo` are a crate of their own (crates/sim),
-//! which uses this one; nothing here names it.
+//! The simulator and `dpcoord demo` (crates/sim) and the gateway's two
+//! fronts, the endpoint picker and the proxy (crates/gateway), are crates of
+//! their own, which use this one; nothing here names them. A frontend in the
+//! same process asks through in-process endpoints the daemon opens on
+//! request (`io::sockets::Local`).
 // One audited exception, `io::trim::release` (malloc_trim: no preconditions,
 // the proof is beside it); everything else is safe code.
 #![deny(unsafe_code)]
 
 pub mod config;
 pub mod engines;
-pub mod gateway;
 pub mod health;
 pub mod io;
 pub mod observability;

@@ -168,7 +168,8 @@ impl Local {
         let config = settings.config(&eps)?;
         // A reload re-reads the run's own configuration: nothing changes.
         let fixed = config.clone();
-        let daemon = Daemon::start(&config, ConfigSource::new("the run's settings", move || Ok(fixed.clone())))?;
+        let source = ConfigSource::new("the run's settings", move || Ok(fixed.clone()));
+        let daemon = Daemon::start(&config, source, dpcoord_daemon::io::sockets::Local::default())?;
         let (published, registry) = (Arc::clone(&daemon.published), daemon.registry.clone());
         Ok(Local { daemon: Some(daemon), eps, published, registry, _dir: dir })
     }

@@ -1,4 +1,4 @@
-"""The gateway's prompt tokenization (crates/daemon/src/gateway/prompt/) against the
+"""The gateway's prompt tokenization (crates/gateway/src/prompt/) against the
 tokenizer vLLM uses: transformers' AutoTokenizer over the same tokenizer.json and
 tokenizer_config.json, with vLLM 0.33's arguments (completions: ``encode(prompt,
 add_special_tokens=True)``, vllm/renderers/base.py ``default_cmpl_tok_params``;
@@ -6,7 +6,7 @@ chat: ``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 which renders the template and encodes the text with ``add_special_tokens=False``,
 vllm/renderers/hf.py ``safe_apply_chat_template``).
 
-The ids are recorded in crates/daemon/testdata/tokenizers/golden.json, which the
+The ids are recorded in crates/gateway/testdata/tokenizers/golden.json, which the
 Rust unit tests (gateway/prompt/tests.rs) check dpcoord's encoder against. This test
 recomputes every case with transformers and asserts the file still says the same, so
 a drift on either side fails one of the two. Regenerate after changing CASES:
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[4] / "crates" / "daemon" / "testdata" / "tokenizers"
+DATA = Path(__file__).resolve().parents[4] / "crates" / "gateway" / "testdata" / "tokenizers"
 GOLDEN = DATA / "golden.json"
 #: fixture folder -> the model_type of the model's config.json: every real model folder has one,
 #: and transformers v5 picks the tokenizer class by it (for deepseek_v3 it overrides the hub's

@@ -10,7 +10,7 @@ use crate::io::fds::Budget;
 use crate::io::http;
 use crate::io::reload::ConfigSource;
 use crate::io::scrape::Scraper;
-use crate::io::sockets::{Sockets, TransportError};
+use crate::io::sockets::{Local, Sockets, TransportError};
 use crate::io::transport::{self, Control};
 use crate::observability::metrics::Metrics;
 use crate::routing::{Coordinator, Published};
@@ -24,16 +24,11 @@ pub struct Daemon {
     /// The HTTP server's connection cap (within the file descriptors' HTTP
     /// share) and timeouts.
     pub http: http::Limits,
-    /// The proxy's: its client connection cap within its share, the HTTP
-    /// timeouts.
-    pub proxy_conns: http::Limits,
-    /// The gateway's way to the coordinator, when `server.epp_bind` or
-    /// `server.proxy_bind` is set (with the health socket for the proxy).
-    pub bridge: Option<crate::gateway::Bridge>,
-    /// The picker's metrics and the proxy's, registered whether or not
-    /// they are on.
-    pub gateway_metrics: crate::gateway::metrics::GatewayMetrics,
-    pub proxy_metrics: crate::gateway::metrics::GatewayMetrics,
+    /// The `nofile` limits in force, for a frontend's share of them.
+    pub fds: Budget,
+    /// The sockets' context: a frontend in the process connects to the
+    /// in-process endpoints it asked for ([`Local`]) in it.
+    pub context: zmq::Context,
     control: Arc<Control>,
     thread: JoinHandle<Result<(), TransportError>>,
     scraper: Scraper,
@@ -43,33 +38,19 @@ impl Daemon {
     /// Binds every socket (errors come back here) and starts serving.
     /// `source` is where a reload (SIGHUP, the `reload` op) reads the
     /// configuration again.
-    /// First the soft `nofile` limit is raised to the hard one (logged).
-    pub fn start(cfg: &Config, source: ConfigSource) -> Result<Daemon, TransportError> {
+    /// `local`: the in-process endpoints a frontend in the process asks
+    /// through. First the soft `nofile` limit is raised to the hard one
+    /// (logged).
+    pub fn start(cfg: &Config, source: ConfigSource, local: Local) -> Result<Daemon, TransportError> {
         let fds = Budget::raise();
         fds.log_peer_caps(&cfg.server.peers);
         crate::io::trim::start();
         let http = http::Limits::new(&cfg.server.http, &fds);
-        let proxy_conns =
-            http::Limits { max_connections: cfg.server.proxy.max_connections.min(fds.proxy_share()), ..http };
-        let sockets = Sockets::open(cfg)?;
+        let sockets = Sockets::open(cfg, local)?;
         let metrics = Metrics::new(cfg.settings.engines.dp_size);
         let registry = metrics.registry.clone();
-        let front_metrics =
-            |front| crate::gateway::metrics::GatewayMetrics::new(&registry, cfg.settings.engines.dp_size, front);
-        let gateway_metrics = front_metrics(crate::gateway::metrics::Front::Picker);
-        let proxy_metrics = front_metrics(crate::gateway::metrics::Front::Proxy);
         let scraper = Scraper::start(&sockets.context(), &cfg.server, &metrics.scrapes)?;
-        let bridge = match cfg.server.front() {
-            Some(_) => {
-                // No more queries in flight than the route socket queues
-                // replies for one peer: none is dropped.
-                let in_flight = crate::io::sockets::reply_queue(crate::wire::Channel::Route, cfg) as usize;
-                let health = cfg.server.proxy_bind.is_some();
-                let bridge = crate::gateway::Bridge::start(&sockets.context(), in_flight, health);
-                Some(bridge.map_err(TransportError::Thread)?)
-            }
-            None => None,
-        };
+        let context = sockets.context();
         let mut coord = Coordinator::new(&cfg.settings, metrics, Instant::now())
             .with_server(cfg.server.clone())
             .with_kv_endpoints(&cfg.server.kv_events);
@@ -89,18 +70,7 @@ impl Daemon {
             http_max_connections = http.max_connections,
             "dpcoord serving"
         );
-        Ok(Daemon {
-            registry,
-            published,
-            http,
-            proxy_conns,
-            bridge,
-            gateway_metrics,
-            proxy_metrics,
-            control,
-            thread,
-            scraper,
-        })
+        Ok(Daemon { registry, published, http, fds, context, control, thread, scraper })
     }
 
     /// True once the coordinator thread has ended (on error or stop).

@@ -17,7 +17,6 @@ mod peers;
 pub mod probe;
 mod queries;
 pub mod reload;
-pub mod resolve;
 pub mod scrape;
 pub mod signals;
 pub mod sockets;

@@ -64,6 +64,21 @@ const BACKLOG: i32 = 1024;
 /// libzmq's fixed ZAP endpoint.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
+/// Where the route socket also listens in-process, when [`Local::route`].
+pub const LOCAL_ROUTE: &str = "inproc://dpcoord-route";
+/// Where the health socket also listens in-process, when [`Local::health`].
+pub const LOCAL_HEALTH: &str = "inproc://dpcoord-health";
+
+/// The in-process endpoints a frontend in the same process asks for: its
+/// queries then arrive on the same sockets as every peer's, answered alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Local {
+    /// The route socket on [`LOCAL_ROUTE`].
+    pub route: bool,
+    /// The health socket on [`LOCAL_HEALTH`].
+    pub health: bool,
+}
+
 pub struct Sockets {
     // Field order matters: sockets close before the context drops.
     /// Engine sources, in the order they are served.
@@ -379,8 +394,9 @@ fn sources(ctx: &zmq::Context, cfg: &Config, monitors: &mut Vec<Monitor>) -> Res
 }
 
 impl Sockets {
-    /// Creates and binds/connects every socket the config names.
-    pub fn open(cfg: &Config) -> Result<Sockets, TransportError> {
+    /// Creates and binds/connects every socket the config names, and the
+    /// in-process endpoints `local` asks for.
+    pub fn open(cfg: &Config, local: Local) -> Result<Sockets, TransportError> {
         let ctx = zmq::Context::new();
         let srv = &cfg.server;
         // The handler is bound before any socket can accept a peer.
@@ -389,23 +405,20 @@ impl Sockets {
         let mut monitors = Vec::with_capacity(3);
         let Opened { sources, links } = sources(&ctx, cfg, &mut monitors)?;
         let (route, route_peers) = router(&ctx, Channel::Route, &srv.route_bind, cfg)?;
-        if srv.front().is_some() {
-            // The gateway's queries (crate::gateway::bridge) arrive on the
-            // same socket, in-process.
-            let ep = crate::gateway::bridge::ENDPOINT;
-            route.bind(ep).map_err(endpoint_err("bind", "route", None, ep))?;
-        }
         let (health, health_peers) = router(&ctx, Channel::Health, &srv.health_bind, cfg)?;
-        if srv.proxy_bind.is_some() {
-            // The proxy's reports of ranks it cannot reach, in-process.
-            let ep = crate::gateway::bridge::HEALTH_ENDPOINT;
-            health.bind(ep).map_err(endpoint_err("bind", "health", None, ep))?;
+        for (on, socket, what, ep) in
+            [(local.route, &route, "route", LOCAL_ROUTE), (local.health, &health, "health", LOCAL_HEALTH)]
+        {
+            if on {
+                socket.bind(ep).map_err(endpoint_err("bind", what, None, ep))?;
+            }
         }
         monitors.extend([route_peers, health_peers]);
         Ok(Sockets { sources, route, health, zap, monitors, links, ctx })
     }
 
-    /// The sockets' context, for in-process peers (the scraper).
+    /// The sockets' context, for in-process peers (the scraper, a
+    /// frontend on [`Local`]'s endpoints).
     pub fn context(&self) -> zmq::Context {
         self.ctx.clone()
     }

@@ -227,7 +227,8 @@ const ROUTE_BUCKETS: [f64; 10] = [1e-6, 2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.
 /// A tick costs about 10 us for 8 ranks and grows with the rank count.
 const TICK_BUCKETS: [f64; 9] = [5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 5e-3, 2.5e-2];
 
-pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+/// Registers a collector (the gateway registers its own on the daemon's registry).
+pub fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
     // Names are fixed and distinct, so registration cannot collide.
     if let Err(e) = r.register(Box::new(c.clone())) {
         unreachable!("metric registration failed: {e}");
@@ -239,7 +240,8 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help)
 }
 
-pub(crate) fn built<T>(r: prometheus::Result<T>) -> T {
+/// A collector whose definition is constant, so cannot fail.
+pub fn built<T>(r: prometheus::Result<T>) -> T {
     // Only invalid names or label sets fail, and ours are constants.
     r.unwrap_or_else(|e| unreachable!("metric definition is invalid: {e}"))
 }

@@ -17,13 +17,10 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use dpcoord_daemon::io::sockets::{LOCAL_HEALTH, LOCAL_ROUTE};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Semaphore};
 
-/// Where the route ROUTER also listens for the picker and the proxy.
-pub const ENDPOINT: &str = "inproc://dpcoord-gateway";
-/// Where the health ROUTER also listens for the proxy.
-pub const HEALTH_ENDPOINT: &str = "inproc://dpcoord-gateway-health";
 /// How long the thread waits before looking whether the picker is gone.
 const POLL_MS: i64 = 200;
 
@@ -136,8 +133,8 @@ pub struct Bridge {
 }
 
 impl Bridge {
-    /// Connects a DEALER to [`ENDPOINT`] (bound by the route socket
-    /// first), and with `health` one to [`HEALTH_ENDPOINT`], and starts the
+    /// Connects a DEALER to [`LOCAL_ROUTE`] (bound by the route socket
+    /// first), and with `health` one to [`LOCAL_HEALTH`], and starts the
     /// thread; at most `in_flight` queries wait for a reply at a time, the
     /// others wait their turn.
     pub fn start(ctx: &zmq::Context, in_flight: usize, health: bool) -> std::io::Result<Bridge> {
@@ -147,8 +144,8 @@ impl Bridge {
             d.connect(endpoint).map_err(std::io::Error::other)?;
             Ok(d)
         };
-        let route = dealer(ENDPOINT)?;
-        let health = if health { Some(dealer(HEALTH_ENDPOINT)?) } else { None };
+        let route = dealer(LOCAL_ROUTE)?;
+        let health = if health { Some(dealer(LOCAL_HEALTH)?) } else { None };
         let fds = (std::iter::once(&route).chain(&health))
             .map(|d| d.get_fd().map_err(std::io::Error::other))
             .collect::<std::io::Result<Vec<RawFd>>>()?;

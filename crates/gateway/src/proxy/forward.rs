@@ -15,9 +15,9 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::booked::{Booked, Booking};
 use super::Proxy;
-use crate::gateway::body;
-use crate::gateway::decide::{finished, withdrawn, Decision, Refusal};
-use crate::gateway::metrics::Outcome;
+use crate::body;
+use crate::decide::{finished, withdrawn, Decision, Refusal};
+use crate::metrics::Outcome;
 
 /// The paths whose requests are routed by their prompt (and booked); any
 /// other request goes to a routable rank in turn, unbooked.

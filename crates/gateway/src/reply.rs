@@ -6,7 +6,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use ep::processing_response::Response as Out;
 
-use super::service::{DESTINATION, SERVED};
+/// The header (and `envoy.lb` metadata key) that names the picked endpoint.
+pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// The header the gateway adds to the response: the endpoint that served it.
+pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 
 /// A pick to hand the gateway.
 pub struct Pick<'a> {

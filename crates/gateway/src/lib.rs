@@ -20,16 +20,24 @@
 //! - `proxy/`: the reverse proxy
 //! - `subset.rs`: eligible ranks (endpoints, the gateway's subset hint)
 //! - `metrics.rs`: `dpcoord_gateway_*`, `dpcoord_proxy_*`
+//! - `resolve.rs`: endpoint names resolved to addresses, kept fresh
+//! - `fronts.rs`: the fronts started with the daemon and stopped before it
+//!
+//! The crate stands on the daemon's library (`dpcoord_daemon`): its
+//! configuration, the published engine table, the HTTP connection serving,
+//! the metrics registry and the in-process endpoints it opens on request.
 
 pub mod body;
 pub mod bridge;
 pub mod decide;
 mod endpoints;
+mod fronts;
 pub mod metrics;
 pub mod prompt;
 pub mod prompts;
 pub mod proxy;
 mod reply;
+mod resolve;
 pub mod service;
 pub mod subset;
 
@@ -41,10 +49,11 @@ pub use body::{ChatMessage, PromptText};
 pub use bridge::Bridge;
 pub use decide::Decider;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+pub use fronts::{Fronts, Ready};
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
-use crate::routing::Published;
+use dpcoord_daemon::routing::Published;
 
 /// The gRPC health service names a gateway may probe, besides "" (the server).
 pub const LIVENESS: &str = "liveness";

@@ -1,4 +1,4 @@
-//! The encoder against transformers: crates/daemon/testdata/tokenizers holds
+//! The encoder against transformers: crates/gateway/testdata/tokenizers holds
 //! two real tokenizers (README.md there) and golden.json, the ids
 //! transformers computes for fixed prompts, written and checked by
 //! clients/python/tests/compat/test_gateway_tokens.py.
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::*;
-use crate::gateway::ChatMessage;
+use crate::ChatMessage;
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/tokenizers")

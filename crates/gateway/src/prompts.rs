@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::prompt::{PromptEncoder, PromptError};
-use crate::config::Gateway;
+use dpcoord_daemon::config::Gateway;
 
 /// The block size of text-approximate keys, in pseudo-tokens (4 bytes
 /// each): they only ever meet dpcoord's own placements, so any fixed size does.

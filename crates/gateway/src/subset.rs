@@ -5,7 +5,7 @@
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::value::Kind;
 
-use crate::config::Gateway;
+use dpcoord_daemon::config::Gateway;
 
 /// The filter metadata namespace of the subset hint.
 pub const NAMESPACE: &str = "envoy.lb.subset_hint";

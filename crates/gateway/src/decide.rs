@@ -13,8 +13,8 @@ use super::metrics::{GatewayMetrics, Outcome};
 use super::prompt::Encoded;
 use super::prompts::Prompts;
 use super::{body, subset};
-use crate::config::Gateway;
-use crate::routing::Published;
+use dpcoord_daemon::config::Gateway;
+use dpcoord_daemon::routing::Published;
 
 /// What a front needs to decide.
 pub struct Decider {

@@ -11,7 +11,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::gateway::ChatMessage;
+use crate::ChatMessage;
 
 /// Bytes per pseudo-token.
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -57,7 +57,7 @@ pub fn chat_bytes(messages: &[ChatMessage]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::prefix::keys::chain_keys;
+    use dpcoord_daemon::engines::prefix::keys::chain_keys;
 
     #[test]
     fn text_keys_are_the_chained_keys_of_the_pseudo_tokens() {
@@ -80,7 +80,7 @@ mod tests {
         assert_eq!(a.len(), 12);
         assert_eq!(a[..6], b[..6]);
         assert_ne!(a[6], b[6]);
-        assert_ne!(text_seed(), crate::engines::prefix::keys::chain_seed(None, None));
+        assert_ne!(text_seed(), dpcoord_daemon::engines::prefix::keys::chain_seed(None, None));
     }
 
     #[test]

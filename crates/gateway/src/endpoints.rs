@@ -1,15 +1,15 @@
 //! The gateway's endpoints as the addresses it forwards to. Envoy sends a
 //! request to the `IP:port` the picker names and matches the subset hint
 //! and the served endpoint as such, so a `host:port` of `gateway.endpoints`
-//! given by name is resolved ([`crate::io::resolve`]: at once, then every
+//! given by name is resolved ([`crate::resolve`]: at once, then every
 //! 5 s, on its own thread); an IP literal is used as written. Requests read
 //! a resolved copy of the settings, rebuilt only when the settings (a
 //! reload) or the addresses change.
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::Gateway;
-use crate::io::resolve::{Addresses, Resolver};
+use crate::resolve::{Addresses, Resolver};
+use dpcoord_daemon::config::Gateway;
 
 pub struct Endpoints {
     resolver: Resolver,

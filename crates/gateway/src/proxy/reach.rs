@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::super::bridge::{Query, Socket};
-use super::super::Decider;
+use crate::bridge::{Query, Socket};
+use crate::Decider;
 
 /// How often a rank marked unreachable is tried.
 pub const EVERY: Duration = Duration::from_secs(1);

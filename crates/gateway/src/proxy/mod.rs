@@ -27,9 +27,9 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::Decider;
-use crate::config::ProxyLimits;
-use crate::io::http::conns::{self, Family, Limits};
-use crate::observability::metrics::{built, register};
+use dpcoord_daemon::config::ProxyLimits;
+use dpcoord_daemon::io::http::conns::{self, Family, Limits};
+use dpcoord_daemon::observability::metrics::{built, register};
 
 /// The most bytes hyper buffers on a connection to a rank's server, each way.
 const UPSTREAM_BUF: usize = 16 << 10;

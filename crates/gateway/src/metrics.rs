@@ -5,7 +5,7 @@
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use super::prompt::{MODE_TEXT, MODE_TOKENIZER};
-use crate::observability::metrics::{built, register};
+use dpcoord_daemon::observability::metrics::{built, register};
 
 /// The gateway's two fronts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,13 +15,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::decide::{Decider, Refusal};
 use super::metrics::Outcome;
-use super::reply::{self, Pick};
+use super::reply::{self, Pick, SERVED};
 use super::{body, subset};
 
-/// The header (and `envoy.lb` metadata key) that names the picked endpoint.
-pub const DESTINATION: &str = "x-gateway-destination-endpoint";
-/// The header the gateway adds to the response: the endpoint that served it.
-pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 /// Envoy's `BodySendMode::BUFFERED` and `BUFFERED_PARTIAL`: the body in
 /// one message, after the headers were answered.
 const BUFFERED: [i32; 2] = [2, 3];

@@ -18,7 +18,7 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
-use crate::gateway::ChatMessage;
+use crate::ChatMessage;
 
 /// The template's name in its environment.
 const NAME: &str = "chat";

@@ -15,9 +15,9 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 
-use super::super::bridge::Bridge;
-use super::super::decide::{delivered, finished};
-use super::super::metrics::GatewayMetrics;
+use crate::bridge::Bridge;
+use crate::decide::{delivered, finished};
+use crate::metrics::GatewayMetrics;
 
 /// The placement of a routed request, booked `finished` when dropped.
 pub struct Booking {

@@ -1,0 +1,102 @@
+//! The gateway's fronts as the configuration turns them on: their
+//! listeners and the model's tokenizer ready before the daemon starts (a
+//! file that does not load stops the start), then started on the daemon's
+//! in-process endpoints, and stopped before the daemon is.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use dpcoord_daemon::config::Config;
+use dpcoord_daemon::io::daemon::Daemon;
+use dpcoord_daemon::io::http;
+use dpcoord_daemon::io::sockets::{reply_queue, Local};
+use dpcoord_daemon::wire::Channel;
+
+use crate::metrics::{Front, GatewayMetrics};
+use crate::prompt::PromptError;
+use crate::prompts::Prompts;
+use crate::{proxy, Bridge};
+
+/// The fronts' listeners (bound, so a busy port was named before the
+/// daemon started) and the prompt encoder, not serving yet.
+pub struct Ready {
+    epp: Option<TcpListener>,
+    proxy: Option<TcpListener>,
+    prompts: Option<Arc<Prompts>>,
+}
+
+/// The fronts serving; [`Fronts::stop`] ends them.
+pub struct Fronts {
+    picker: Option<crate::Server>,
+    proxy: Option<proxy::Server>,
+}
+
+impl Ready {
+    /// `epp` on `server.epp_bind`, `proxy` on `server.proxy_bind`; with
+    /// either, `gateway.tokenizer` (if any) is loaded now.
+    pub fn new(cfg: &Config, epp: Option<TcpListener>, proxy: Option<TcpListener>) -> Result<Ready, PromptError> {
+        let prompts = match epp.is_some() || proxy.is_some() {
+            true => Some(Arc::new(Prompts::load(&cfg.settings.gateway)?)),
+            false => None,
+        };
+        Ok(Ready { epp, proxy, prompts })
+    }
+
+    /// The in-process endpoints the fronts ask through: the route socket
+    /// for either, the health socket for the proxy's reports.
+    pub fn local(&self) -> Local {
+        Local { route: self.prompts.is_some(), health: self.proxy.is_some() }
+    }
+
+    /// Registers both fronts' metrics on the daemon's registry (on or
+    /// not, so the series are always there) and serves the fronts that are
+    /// on, through a bridge to the daemon's [`Ready::local`] endpoints.
+    pub fn start(self, rt: &tokio::runtime::Handle, cfg: &Config, daemon: &Daemon) -> std::io::Result<Fronts> {
+        let dp = cfg.settings.engines.dp_size;
+        let picker_metrics = GatewayMetrics::new(&daemon.registry, dp, Front::Picker);
+        let proxy_metrics = GatewayMetrics::new(&daemon.registry, dp, Front::Proxy);
+        let Some(prompts) = self.prompts else { return Ok(Fronts { picker: None, proxy: None }) };
+        // No more queries in flight than the route socket queues replies
+        // for one peer: none is dropped.
+        let in_flight = reply_queue(Channel::Route, cfg) as usize;
+        let bridge = Bridge::start(&daemon.context, in_flight, self.proxy.is_some())?;
+        let max_query = cfg.settings.limits.max_message_bytes;
+        let decider = |metrics| {
+            crate::decider(bridge.clone(), Arc::clone(&daemon.published), metrics, Arc::clone(&prompts), max_query)
+        };
+        let picker = self.epp.map(|l| {
+            tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
+            crate::spawn(rt, l, decider(picker_metrics))
+        });
+        let proxy = self.proxy.map(|l| {
+            let share = cfg.server.proxy.max_connections.min(daemon.fds.proxy_share());
+            let conns = http::Limits { max_connections: share, ..daemon.http };
+            tracing::info!(
+                proxy = %l.local_addr().map_or(String::new(), |a| a.to_string()),
+                max_connections = conns.max_connections,
+                "proxy serving"
+            );
+            proxy::spawn(rt, l, decider(proxy_metrics), cfg.server.proxy, conns, &daemon.registry)
+        });
+        Ok(Fronts { picker, proxy })
+    }
+}
+
+impl Fronts {
+    /// Stops both at once: each stops accepting and gives its requests in
+    /// flight at most [`crate::DRAIN`], while the coordinator still books
+    /// their ends.
+    pub async fn stop(self) {
+        let picker = async {
+            if let Some(p) = self.picker {
+                p.stop().await;
+            }
+        };
+        let proxy = async {
+            if let Some(p) = self.proxy {
+                p.stop().await;
+            }
+        };
+        tokio::join!(picker, proxy);
+    }
+}
