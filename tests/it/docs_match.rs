@@ -1,12 +1,12 @@
 //! The user documents against the code: every configuration key has its
 //! row in docs/configuration.md (and no row names a key that is gone),
-//! every metric family the real binary exports has its row in
-//! docs/PROTOCOL.md's table and in docs/operations.md's (or, for the KV
-//! index's, docs/prefix-cache.md's), every alert in the Prometheus rules
+//! every series the real binary exports has its row, with its type and
+//! labels, in the one metrics table, docs/operations.md's (and every row
+//! is exported), every alert in the Prometheus rules
 //! has its row and its section in docs/alerts.md, and PROTOCOL.md's table
 //! of defaults and bounds says what the key specs say.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::*;
 use dpcoord_daemon::config::keys;
@@ -50,9 +50,164 @@ fn table_metrics(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// A series as the metrics table describes it, or as `/metrics` exports it:
+/// its type and its labels, each with its values (`None` where the table
+/// does not list them).
+#[derive(Debug)]
+struct Series {
+    kind: String,
+    labels: BTreeMap<String, Option<BTreeSet<String>>>,
+}
+
+/// The text between the heading `heading` and the next heading.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text.find(&format!("\n{heading}\n")).unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let body = &text[start + heading.len() + 2..];
+    body.find("\n#").map_or(body, |end| &body[..end])
+}
+
+/// The labels cell of a row: `none`, or `` `a`, `b` (`x`/`y`) ``, where a
+/// label's values follow it in parentheses; they are read only when the
+/// parentheses hold nothing but `` `value` ``s and slashes.
+fn row_labels(cell: &str) -> Option<BTreeMap<String, Option<BTreeSet<String>>>> {
+    let mut labels = BTreeMap::new();
+    if cell == "none" {
+        return Some(labels);
+    }
+    let (mut rest, mut last) = (cell, None::<String>);
+    while let Some(c) = rest.chars().next() {
+        match c {
+            '`' => {
+                let end = rest[1..].find('`')? + 1;
+                let name = rest[1..end].to_owned();
+                labels.insert(name.clone(), None);
+                last = Some(name);
+                rest = &rest[end + 1..];
+            }
+            '(' => {
+                let (mut depth, mut end) = (0, None);
+                for (i, c) in rest.char_indices() {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                let inner = &rest[1..end?];
+                let values: Option<BTreeSet<String>> = inner
+                    .split('/')
+                    .map(|v| {
+                        v.strip_prefix('`')?.strip_suffix('`').filter(|v| !v.contains(['`', ' '])).map(str::to_owned)
+                    })
+                    .collect();
+                labels.insert(last.take()?, values);
+                rest = &rest[end? + 1..];
+            }
+            ',' | ' ' => rest = &rest[1..],
+            _ => return None,
+        }
+    }
+    Some(labels)
+}
+
+/// The metrics table of docs/operations.md, "### Metrics": the reference for
+/// every series; a row it cannot read, or a name twice, fails the test.
+fn metrics_table() -> BTreeMap<String, Series> {
+    let text = doc("docs/operations.md");
+    let mut rows = BTreeMap::new();
+    // Every line of the table after its header and the line under it.
+    for line in section(&text, "### Metrics").lines().filter(|l| l.starts_with('|')).skip(2) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let read = || {
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name, Series { kind: (*cells.get(2)?).to_owned(), labels: row_labels(cells.get(3)?)? }))
+        };
+        let (name, row) =
+            read().unwrap_or_else(|| panic!("docs/operations.md, metrics table: cannot read the row {line}"));
+        assert!(
+            rows.insert(name.to_owned(), row).is_none(),
+            "docs/operations.md, metrics table: two rows for `{name}`"
+        );
+    }
+    assert!(rows.len() >= 50, "only {} rows read from docs/operations.md's metrics table", rows.len());
+    rows
+}
+
+/// The series of a Prometheus text body: each `# TYPE` family with the
+/// label names and values of its samples (`le` of a histogram's buckets
+/// aside).
+fn exported_series(body: &str) -> BTreeMap<String, Series> {
+    let mut families: BTreeMap<String, Series> = BTreeMap::new();
+    for line in body.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = family.split_once(' ').unwrap_or_else(|| panic!("/metrics: {line}"));
+            families.insert(name.to_owned(), Series { kind: kind.to_owned(), labels: BTreeMap::new() });
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let sample = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+        let (name, mut labels) = sample.split_once('{').unwrap_or((sample, ""));
+        let family = ["_bucket", "_sum", "_count", ""]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
+            .find(|f| families.contains_key(*f))
+            .unwrap_or_else(|| panic!("/metrics: a sample of no `# TYPE` family: {line}"));
+        let series = families.get_mut(family).unwrap();
+        while let Some((label, rest)) = labels.split_once("=\"") {
+            let end = rest.find('"').unwrap_or_else(|| panic!("/metrics: {line}"));
+            let label = label.trim_start_matches(',');
+            if label != "le" {
+                let values = series.labels.entry(label.to_owned()).or_insert_with(|| Some(BTreeSet::new()));
+                values.as_mut().unwrap().insert(rest[..end].to_owned());
+            }
+            labels = &rest[end + 1..];
+        }
+    }
+    families
+}
+
+/// What differs between the table's rows and the exported series, one line
+/// per difference, each naming its series.
+fn table_differences(table: &BTreeMap<String, Series>, exported: &BTreeMap<String, Series>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, series) in exported {
+        let Some(row) = table.get(name) else {
+            problems.push(format!("`{name}` ({}) is exported but has no row in the table", series.kind));
+            continue;
+        };
+        if row.kind != series.kind {
+            problems.push(format!("`{name}`: the row says type {}, /metrics says {}", row.kind, series.kind));
+        }
+        let (documented, found): (Vec<_>, Vec<_>) = (row.labels.keys().collect(), series.labels.keys().collect());
+        if documented != found {
+            problems.push(format!("`{name}`: the row says labels {documented:?}, /metrics has {found:?}"));
+        }
+        for (label, values) in &row.labels {
+            if let (Some(documented), Some(Some(found))) = (values, series.labels.get(label)) {
+                if documented != found {
+                    problems.push(format!(
+                        "`{name}`, label `{label}`: the row lists {documented:?}, /metrics has {found:?}"
+                    ));
+                }
+            }
+        }
+    }
+    for name in table.keys().filter(|name| !exported.contains_key(*name)) {
+        problems.push(format!("`{name}` has a row in the table but is not exported"));
+    }
+    problems
+}
+
 #[test]
-fn every_metric_family_has_its_rows_and_no_row_is_stale() {
-    // Every source kind configured and the proxy on, so every family is registered.
+fn every_exported_series_has_its_row_and_every_row_is_exported() {
+    // Every source kind configured (each with its reconnect series) and the
+    // proxy on, so every family and every listed label value is exported.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("proxy.toml");
     let proxy = format!("[server]\nproxy_bind = \"{}\"\n[gateway]\nendpoints = [\"a:1\", \"a:2\"]\n", free_addr());
@@ -64,27 +219,50 @@ fn every_metric_family_has_its_rows_and_no_row_is_stale() {
             "http://127.0.0.1:1/metrics",
             "--kv-events-connect",
             "tcp://127.0.0.1:1",
+            "--kv-events-replay",
+            "tcp://127.0.0.1:2",
+            "--stats-connect",
+            "tcp://127.0.0.1:3",
+            "--sglang-load-connect",
+            "tcp://127.0.0.1:4",
             "--config",
             config.to_str().unwrap(),
         ],
     );
     let (code, body) = d.http_get("/metrics");
     assert_eq!(code, 200);
-    let exported: BTreeSet<String> = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_owned)
-        .collect();
-    assert!(exported.contains("dpcoord_kv_blocks") && exported.contains("dpcoord_scrapes_total"), "{exported:?}");
-    let protocol = table_metrics(&doc("docs/PROTOCOL.md"));
-    let mut operations = table_metrics(&doc("docs/operations.md"));
-    operations.extend(table_metrics(&doc("docs/prefix-cache.md")));
-    for (name, rows) in [("PROTOCOL.md", &protocol), ("operations.md or prefix-cache.md", &operations)] {
-        let missing: Vec<_> = exported.difference(rows).collect();
-        let stale: Vec<_> = rows.difference(&exported).collect();
-        assert!(missing.is_empty() && stale.is_empty(), "{name}: no row for {missing:?}; rows for nothing {stale:?}");
+    let exported = exported_series(&body);
+    for family in
+        ["dpcoord_kv_blocks", "dpcoord_scrapes_total", "dpcoord_proxy_connections", "dpcoord_gateway_requests_total"]
+    {
+        assert!(exported.contains_key(family), "{family} not exported: {:?}", exported.keys());
     }
+    let problems = table_differences(&metrics_table(), &exported);
+    assert!(
+        problems.is_empty(),
+        "docs/operations.md's metrics table (### Metrics) against the binary's /metrics:\n{}",
+        problems.join("\n")
+    );
+    // prefix-cache.md's table of what to watch names no series that is gone.
+    let gone: Vec<_> =
+        table_metrics(&doc("docs/prefix-cache.md")).into_iter().filter(|m| !exported.contains_key(m)).collect();
+    assert!(gone.is_empty(), "docs/prefix-cache.md names series the binary does not export: {gone:?}");
+}
+
+/// The metrics are described in one table: PROTOCOL.md §12 links to it and
+/// keeps no rows of its own, and every series it names has a row there.
+#[test]
+fn the_metrics_table_is_the_only_one() {
+    let table = metrics_table();
+    let text = doc("docs/PROTOCOL.md");
+    let rows: Vec<_> = text.lines().filter(|l| l.starts_with("| `dpcoord_")).collect();
+    assert!(rows.is_empty(), "docs/PROTOCOL.md has metric rows again; they belong in docs/operations.md: {rows:?}");
+    let metrics = text.split("## 12. Metrics").nth(1).expect("PROTOCOL.md has §12").split("\n## ").next().unwrap();
+    assert!(metrics.contains("(operations.md#metrics)"), "PROTOCOL.md §12 does not link to operations.md#metrics");
+    let named: BTreeSet<&str> =
+        metrics.split('`').skip(1).step_by(2).filter(|n| n.starts_with("dpcoord_") && !n.ends_with('_')).collect();
+    let unknown: Vec<_> = named.iter().filter(|n| !table.contains_key(**n)).collect();
+    assert!(unknown.is_empty(), "PROTOCOL.md §12 names series without a row in docs/operations.md: {unknown:?}");
 }
 
 #[test]
