@@ -45,6 +45,31 @@ endpoints = ["10.0.0.1:8000", "10.0.0.2:8000"]
     );
     refused("[gateway]\nendpoints = [\"no-port\"]\n", "gateway.endpoints: `no-port` is not HOST:PORT");
     refused("[gateway]\nrank_header = \"a b\"\n", "gateway.rank_header: `a b` is not a header name");
+    // The shipped gateway overlay's ConfigMap, before its init container ran.
+    refused(
+        "[engines]\ndp_size = 1\n[gateway]\nendpoints = [\"@POD_IP@:8000\"]\n",
+        "gateway.endpoints: `@POD_IP@:8000`: the host `@POD_IP@` is neither an IP address nor a DNS name \
+         (a placeholder left unrendered?)",
+    );
+    refused(
+        "[engines]\ndp_size = 1\n[gateway]\nendpoints = [\"10.0.0.1:8000\"]\nrank_header = \"x-data-parallel-rank\"\n\
+         fallbacks = 2\n",
+        "gateway.fallbacks: with gateway.rank_header one endpoint serves every rank",
+    );
+}
+
+/// `:PORT`, as the Inference Extension writes its picker's port, is every
+/// interface; names and IPv6 addresses are endpoints too (checked only:
+/// nothing binds here).
+#[test]
+fn a_picker_on_every_interface_and_named_endpoints_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let toml = "[server]\nepp_bind = \":9002\"\nproxy_bind = \":8000\"\n[engines]\ndp_size = 3\n\
+                [gateway]\nendpoints = [\"vllm-0.vllm.svc:8000\", \"[fd00::1]:8000\", \"10.0.0.3:8000\"]\n";
+    std::fs::write(&path, toml).unwrap();
+    let (code, err) = run_to_end(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
 }
 
 #[test]

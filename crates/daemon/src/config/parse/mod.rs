@@ -36,13 +36,19 @@ impl<'a> Section<'a> {
             .ok_or_else(|| err(k.key.path(), format!("must be between {} and {}, got {i}", k.min, k.max)))
     }
 
-    /// A TCP listener's `HOST:PORT`, or `None` for "" (off).
+    /// A TCP listener's `HOST:PORT` (`:PORT`: every IPv4 interface, as
+    /// Go's listeners and the Inference Extension's picker write it), or
+    /// `None` for "" (off).
     fn listener(&mut self, k: &StrKey) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         match self.string(k)? {
             b if b.is_empty() => Ok(None),
-            b => b.parse().map(Some).map_err(|_| {
-                err(k.key.path(), format!("`{b}` is not HOST:PORT (an IP address and a port), or \"\" for off"))
-            }),
+            b => {
+                let every = b.strip_prefix(':').map(|port| format!("0.0.0.0:{port}"));
+                every.as_deref().unwrap_or(&b).parse().map(Some).map_err(|_| {
+                    let why = "an IP address and a port, or :PORT for every interface";
+                    err(k.key.path(), format!("`{b}` is not HOST:PORT ({why}), or \"\" for off"))
+                })
+            }
         }
     }
 
@@ -374,6 +380,11 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, front: Option<Stri
     }
     let max_body_bytes = s.int(&keys::GATEWAY_MAX_BODY_BYTES)? as usize;
     let fallbacks = s.int(&keys::GATEWAY_FALLBACKS)? as u8;
+    if fallbacks > 0 && rank_header.is_some() {
+        let why = "with gateway.rank_header one endpoint serves every rank: there is no other endpoint to fall \
+                   back to (the engine's server balances its own ranks); set 0";
+        return Err(err(keys::GATEWAY_FALLBACKS.key.path(), why));
+    }
     let shed_waiting = s.int(&keys::GATEWAY_SHED_WAITING)?;
     let file = |s: &mut Section<'_>, k: &StrKey| -> Result<Option<std::path::PathBuf>, ConfigError> {
         let v = s.string(k)?;
@@ -415,12 +426,29 @@ pub(super) fn parse_gateway(mut s: Section<'_>, dp_size: u32, front: Option<Stri
     Ok(Gateway { endpoints, rank_header, max_body_bytes, fallbacks, shed_waiting, tokenizer, tokenizer_config })
 }
 
-/// `host:port` as a gateway names an endpoint: a non-empty host and a port.
+/// `host:port` as a gateway names an endpoint: a port, and a host that is
+/// an IP address (IPv6 in brackets) or a DNS name; anything else (an
+/// unrendered placeholder such as `@POD_IP@`) is refused, naming the host.
 fn check_host_port(e: &str) -> Result<(), String> {
-    match e.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(()),
-        _ => Err(format!("`{e}` is not HOST:PORT")),
+    let Some((host, _)) = e.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok_and(|p| p > 0)) else {
+        return Err(format!("`{e}` is not HOST:PORT"));
+    };
+    let ip = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let name = |h: &str| {
+        !h.is_empty()
+            && h.len() <= 253
+            && h.split('.').all(|l| {
+                !l.is_empty()
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
+    };
+    if ip.parse::<std::net::IpAddr>().is_ok() || name(host) {
+        return Ok(());
     }
+    let hint = if host.contains('@') { " (a placeholder left unrendered?)" } else { "" };
+    Err(format!("`{e}`: the host `{host}` is neither an IP address nor a DNS name{hint}"))
 }
 
 pub(super) fn parse_limits(mut s: Section<'_>) -> Result<Limits, ConfigError> {
