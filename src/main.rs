@@ -223,7 +223,9 @@ fn serve(cfg: Config, source: ConfigSource) -> Result<(), Failed> {
         Ok(why) => tracing::info!(reason = why, "stopping"),
         Err(e) => tracing::error!(error = %e, "cannot wait for signals; stopping"),
     }
-    // The fronts first, while the coordinator still books their requests' ends.
+    // Not ready from now on (`/readyz`, the picker's health); then the
+    // fronts, while the coordinator still books their requests' ends.
+    daemon.published.set_stopping();
     rt.block_on(fronts::stop(fronts));
     // Both wind down at once, so shutdown takes the longer of the two, not the sum.
     let (web, coordinator) =

@@ -349,12 +349,19 @@ fn a_body_past_the_buffer_budget_is_refused_until_room_is_made() {
 }
 
 #[test]
-fn sigterm_ends_open_streams_within_the_promise_and_exits_zero() {
+fn sigterm_is_not_ready_at_once_ends_open_streams_within_the_promise_and_exits_zero() {
     let engine = OpenAiServer::start();
     let p = over(&[&engine], "round_robin", "");
     engine.close_gate();
     let (mut s, _) = open_stream(p.addr, r#"data: {"i":0}"#);
+    assert_eq!(p.d.http_get("/readyz").0, 200);
     let started = Instant::now();
+    let _ = std::process::Command::new("kill").args(["-TERM", &p.d.pid().to_string()]).status();
+    // Not ready from the first instant, while the stream drains.
+    eventually("/readyz to say stopping", || {
+        (p.d.http_get("/readyz") == (503, "not ready: stopping\n".to_owned())).then_some(())
+    });
+    assert!(started.elapsed() < Duration::from_secs(1), "not ready only after {:?}", started.elapsed());
     let status = p.d.stop_with("TERM");
     let took = started.elapsed();
     assert!(status.success(), "{status:?}");

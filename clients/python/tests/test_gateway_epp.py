@@ -5,8 +5,11 @@ Envoy-based gateway sends on ``ext_proc``, against the real binary."""
 from __future__ import annotations
 
 import json
-import time
 import queue
+import signal
+import time
+import urllib.error
+import urllib.request
 from typing import Any, Iterator
 
 import grpc
@@ -450,7 +453,7 @@ def test_a_request_without_a_body_goes_to_a_routable_rank_in_turn(start_daemon, 
     assert r.status.code == 400 and b"model" in r.body, r.body
 
 
-def test_sigterm_closes_open_streams_and_exits_zero_within_two_seconds(start_daemon, engines, tmp_path):
+def test_sigterm_is_not_ready_at_once_closes_open_streams_and_exits_zero_within_two_seconds(start_daemon, engines, tmp_path):
     d, ch = start(start_daemon, tmp_path)
     bring_up(d, engines, [0, 1])
     # A picked request whose response never ends: the gateway holds its
@@ -458,7 +461,29 @@ def test_sigterm_closes_open_streams_and_exits_zero_within_two_seconds(start_dae
     s = Stream(ch)
     request(s)
     picked(s)
+    health = health_pb2_grpc.HealthStub(ch)
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+    ready = lambda: health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=DEADLINE).status
+    eventually("ready", lambda: ready() == SERVING)
     started = time.monotonic()
+    proc = d.proc
+    proc.send_signal(signal.SIGTERM)
+
+    def not_ready():
+        # The picker's readiness: NOT_SERVING, or no new stream at all.
+        try:
+            answer = health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=0.2).status
+        except grpc.RpcError:
+            answer = None
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/readyz", timeout=0.2)
+            http = 200
+        except urllib.error.HTTPError as e:
+            http = (e.code, e.read())
+        return answer != SERVING and http == (503, b"not ready: stopping\n")
+
+    # Not ready from the first instant, while the open stream drains.
+    eventually("not ready once SIGTERM arrived", not_ready, deadline=1.0)
     assert d.stop() == 0
     took = time.monotonic() - started
     assert took < 2.0, f"took {took:.2f} s"

@@ -91,9 +91,10 @@ async fn drain<T>(task: tokio::task::JoinHandle<T>, what: &str) {
     }
 }
 
-/// Whether a gateway should send requests: some rank is up or stale.
+/// Whether a gateway should send requests: the process is not stopping
+/// and some rank is up or stale.
 fn ready(published: &Published) -> bool {
-    published.state().ranks.iter().any(|r| routable(r.status))
+    !published.stopping() && published.state().ranks.iter().any(|r| routable(r.status))
 }
 
 /// Whether a rank of this status takes requests (up or stale).
@@ -123,17 +124,26 @@ pub fn spawn(rt: &tokio::runtime::Handle, listener: TcpListener, decider: Arc<De
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::Serving).await;
         reporter.set_service_status(LIVENESS, ServingStatus::Serving).await;
+        // Readiness follows the ranks, and is withdrawn the moment the
+        // picker is told to stop (before the listener closes).
+        let mut stopping = stopped.clone();
         let watcher = tokio::spawn(async move {
             let mut was = None;
             loop {
-                let now = ready(&published);
+                let now = ready(&published) && !*stopping.borrow();
                 if was != Some(now) {
                     let status = if now { ServingStatus::Serving } else { ServingStatus::NotServing };
                     reporter.set_service_status(READINESS, status).await;
                     reporter.set_service_status(EXT_PROC, status).await;
                     was = Some(now);
                 }
-                tokio::time::sleep(READY_EVERY).await;
+                tokio::select! {
+                    () = tokio::time::sleep(READY_EVERY) => {}
+                    // With the picker's handle gone, look again on the tick.
+                    changed = stopping.changed() => if changed.is_err() {
+                        tokio::time::sleep(READY_EVERY).await;
+                    }
+                }
             }
         });
         let incoming = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {

@@ -3,7 +3,7 @@
 //! every tick, and the gateway's endpoints of the settings in force.
 //! Routing state itself is never shared.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::Gateway;
@@ -18,6 +18,8 @@ pub struct Published {
     dp_size: AtomicU32,
     /// `limits.max_prompt_tokens` in force.
     max_prompt_tokens: AtomicU32,
+    /// The process is stopping (SIGTERM, SIGINT): not ready, whatever the ranks.
+    stopping: AtomicBool,
 }
 
 fn read<T>(m: &Mutex<Arc<T>>) -> Arc<T> {
@@ -36,6 +38,18 @@ fn write<T>(m: &Mutex<Arc<T>>, value: T) {
 }
 
 impl Published {
+    /// Says, from now on, that the process is stopping: `/readyz` and the
+    /// gateway picker's health answer not ready, so load balancers and
+    /// gateways stop sending before the ports close.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the process is stopping.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
     /// The engine table as of the last tick.
     pub fn state(&self) -> Arc<StateView> {
         read(&self.state)

@@ -160,6 +160,9 @@ fn readiness(view: &StateView) -> (StatusCode, String) {
 }
 
 async fn readyz(State(s): State<Sources>) -> (StatusCode, String) {
+    if s.published.stopping() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: stopping\n".into());
+    }
     readiness(&s.published.state())
 }
 
