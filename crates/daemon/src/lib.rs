@@ -26,6 +26,7 @@ pub mod config;
 pub mod engines;
 pub mod health;
 pub mod io;
+mod names;
 pub mod observability;
 pub mod routing;
 pub mod wire;

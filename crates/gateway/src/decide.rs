@@ -15,6 +15,7 @@ use super::prompts::Prompts;
 use super::{body, subset};
 use dpcoord_daemon::config::Gateway;
 use dpcoord_daemon::routing::Published;
+use dpcoord_daemon::wire::ErrorCode;
 
 /// What a front needs to decide.
 pub struct Decider {
@@ -110,7 +111,11 @@ impl Decider {
         let bare = q.clone();
         (q.tokens, q.block_keys) = prompt;
         let mut reply = self.bridge.ask(q).await;
-        if reply.as_ref().and_then(|r| r.error.as_ref()).is_some_and(|e| e.code == "too_large") {
+        if reply
+            .as_ref()
+            .and_then(|r| r.error.as_ref())
+            .is_some_and(|e| ErrorCode::parse(&e.code) == Some(ErrorCode::TooLarge))
+        {
             // A reload lowered limits.max_prompt_tokens between the cut and
             // the decision: route on the length alone.
             reply = self.bridge.ask(bare).await;
@@ -121,10 +126,15 @@ impl Decider {
         let explained = r.explain.map(|e| e.chosen).unwrap_or_default();
         let rank = match (r.ok, r.ranks.first(), r.error) {
             (true, Some(&rank), _) => rank,
-            (_, _, Some(e)) if e.code == "no_engine_available" || e.code == "rank_unavailable" => {
+            (_, _, Some(e))
+                if matches!(
+                    ErrorCode::parse(&e.code),
+                    Some(ErrorCode::NoEngineAvailable | ErrorCode::RankUnavailable)
+                ) =>
+            {
                 return Err(Refusal::new(503, e.message, Outcome::RejectedNoRank))
             }
-            (_, _, Some(e)) if e.code == "saturated" => {
+            (_, _, Some(e)) if ErrorCode::parse(&e.code) == Some(ErrorCode::Saturated) => {
                 return Err(Refusal::new(429, e.message, Outcome::RejectedShed))
             }
             (_, _, e) => {

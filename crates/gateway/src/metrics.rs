@@ -45,68 +45,40 @@ impl Front {
     }
 }
 
-/// How a request through the gateway ended for the picker or the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// A rank picked and its endpoint given to the gateway.
-    Routed,
-    /// A request without a body (`GET /v1/models`): a routable rank's
-    /// endpoint in turn, nothing booked.
-    RoutedBodyless,
-    /// A body that cannot be routed (not JSON, no model, no prompt): 400.
-    RejectedBadRequest,
-    /// A body above `gateway.max_body_bytes`: 413.
-    RejectedTooLarge,
-    /// No eligible rank (none routable, or none in the subset hint): 503.
-    RejectedNoRank,
-    /// Every eligible rank's queue at `gateway.shed_waiting` or deeper: 429.
-    RejectedShed,
-    /// The stream ended before the body did: nothing routed.
-    RejectedReset,
-    /// The coordinator could not be asked, or refused otherwise: 500.
-    RejectedError,
-    /// The proxy only: at `proxy.max_buffered_bytes` of request bodies: 503.
-    RejectedBusy,
-    /// The proxy only: a body slower than `proxy.body_timeout_ms`: 408.
-    RejectedTimeout,
-    /// The proxy only: the rank, and the next-best one, refused to connect: 502.
-    FailedUnreachable,
+dpcoord_daemon::names! {
+    /// How a request through the gateway ended for the picker or the proxy.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Outcome {
+        /// A rank picked and its endpoint given to the gateway.
+        Routed => "routed",
+        /// A request without a body (`GET /v1/models`): a routable rank's
+        /// endpoint in turn, nothing booked.
+        RoutedBodyless => "routed_bodyless",
+        /// A body that cannot be routed (not JSON, no model, no prompt): 400.
+        RejectedBadRequest => "rejected_bad_request",
+        /// A body above `gateway.max_body_bytes`: 413.
+        RejectedTooLarge => "rejected_too_large",
+        /// No eligible rank (none routable, or none in the subset hint): 503.
+        RejectedNoRank => "rejected_no_rank",
+        /// Every eligible rank's queue at `gateway.shed_waiting` or deeper: 429.
+        RejectedShed => "rejected_shed",
+        /// The stream ended before the body did: nothing routed.
+        RejectedReset => "rejected_reset",
+        /// The coordinator could not be asked, or refused otherwise: 500.
+        RejectedError => "rejected_error",
+        /// The proxy only: at `proxy.max_buffered_bytes` of request bodies: 503.
+        RejectedBusy => "rejected_busy",
+        /// The proxy only: a body slower than `proxy.body_timeout_ms`: 408.
+        RejectedTimeout => "rejected_timeout",
+        /// The proxy only: the rank, and the next-best one, refused to connect: 502.
+        FailedUnreachable => "failed_unreachable",
+    }
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
-        Outcome::Routed,
-        Outcome::RoutedBodyless,
-        Outcome::RejectedBadRequest,
-        Outcome::RejectedTooLarge,
-        Outcome::RejectedNoRank,
-        Outcome::RejectedShed,
-        Outcome::RejectedReset,
-        Outcome::RejectedError,
-        Outcome::RejectedBusy,
-        Outcome::RejectedTimeout,
-        Outcome::FailedUnreachable,
-    ];
-
     /// Whether only the proxy can end a request so.
     fn proxy_only(self) -> bool {
         matches!(self, Outcome::RejectedBusy | Outcome::RejectedTimeout | Outcome::FailedUnreachable)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Routed => "routed",
-            Outcome::RoutedBodyless => "routed_bodyless",
-            Outcome::RejectedBadRequest => "rejected_bad_request",
-            Outcome::RejectedTooLarge => "rejected_too_large",
-            Outcome::RejectedNoRank => "rejected_no_rank",
-            Outcome::RejectedShed => "rejected_shed",
-            Outcome::RejectedReset => "rejected_reset",
-            Outcome::RejectedError => "rejected_error",
-            Outcome::RejectedBusy => "rejected_busy",
-            Outcome::RejectedTimeout => "rejected_timeout",
-            Outcome::FailedUnreachable => "failed_unreachable",
-        }
     }
 }
 

@@ -1,22 +1,22 @@
 //! KV-cache events: which blocks an engine rank stored or evicted, once the
 //! engines' `KVEventBatch` wire format is decoded (`wire::kv_events`).
 
-/// Where a block lives. Only `Gpu` blocks count toward prefix matches; the
-/// others are indexed apart (docs/PROTOCOL.md §11a).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Medium {
-    Gpu,
-    /// vLLM `CPU`, SGLang `CPU_PINNED`.
-    Cpu,
-    /// vLLM `STORAGE`, SGLang `DISK`.
-    Disk,
-    /// SGLang `EXTERNAL` (a shared or remote pool).
-    External,
+crate::names! {
+    /// Where a block lives. Only `Gpu` blocks count toward prefix matches; the
+    /// others are indexed apart (docs/PROTOCOL.md §11a).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Medium {
+        Gpu => "GPU",
+        /// vLLM `CPU`, SGLang `CPU_PINNED`.
+        Cpu => "CPU",
+        /// vLLM `STORAGE`, SGLang `DISK`.
+        Disk => "DISK",
+        /// SGLang `EXTERNAL` (a shared or remote pool).
+        External => "EXTERNAL",
+    }
 }
 
 impl Medium {
-    pub const ALL: [Medium; 4] = [Medium::Gpu, Medium::Cpu, Medium::Disk, Medium::External];
-
     /// The engine's name, `None` (nil) meaning GPU; `None` back for a name
     /// no engine uses.
     pub fn parse(name: Option<&str>) -> Option<Medium> {
@@ -27,15 +27,6 @@ impl Medium {
             Some("EXTERNAL") => Medium::External,
             Some(_) => return None,
         })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Medium::Gpu => "GPU",
-            Medium::Cpu => "CPU",
-            Medium::Disk => "DISK",
-            Medium::External => "EXTERNAL",
-        }
     }
 
     pub fn index(self) -> usize {

@@ -20,23 +20,14 @@ pub const MAX_ENVELOPE_FRAME_BYTES: usize = 255;
 /// frame. Frames past these are read and released at once.
 const KEPT: usize = MAX_ENVELOPE_FRAMES + 2;
 
-/// Why a query was dropped without a reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dropped {
-    /// An envelope frame above [`MAX_ENVELOPE_FRAME_BYTES`].
-    FrameTooLarge,
-    /// More than [`MAX_ENVELOPE_FRAMES`] frames before the delimiter.
-    TooManyFrames,
-}
-
-impl Dropped {
-    const ALL: [Dropped; 2] = [Dropped::FrameTooLarge, Dropped::TooManyFrames];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Dropped::FrameTooLarge => "frame_too_large",
-            Dropped::TooManyFrames => "too_many_frames",
-        }
+crate::names! {
+    /// Why a query was dropped without a reply.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Dropped {
+        /// An envelope frame above [`MAX_ENVELOPE_FRAME_BYTES`].
+        FrameTooLarge => "frame_too_large",
+        /// More than [`MAX_ENVELOPE_FRAMES`] frames before the delimiter.
+        TooManyFrames => "too_many_frames",
     }
 }
 

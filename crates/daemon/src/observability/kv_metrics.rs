@@ -7,79 +7,41 @@ use super::metrics::{built, register};
 use crate::engines::kv::Medium;
 use crate::engines::prefix::Applied;
 
-/// The `result` label of `dpcoord_kv_batches_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchResult {
-    Ok,
-    Malformed,
-    UnknownRank,
-    Stale,
-    /// From a `+rank` endpoint (or its replay socket), naming another rank.
-    WrongRank,
-}
-
-impl BatchResult {
-    const ALL: [BatchResult; 5] =
-        [BatchResult::Ok, BatchResult::Malformed, BatchResult::UnknownRank, BatchResult::Stale, BatchResult::WrongRank];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BatchResult::Ok => "ok",
-            BatchResult::Malformed => "malformed",
-            BatchResult::UnknownRank => "unknown_rank",
-            BatchResult::Stale => "stale",
-            BatchResult::WrongRank => "wrong_rank",
-        }
+crate::names! {
+    /// The `result` label of `dpcoord_kv_batches_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum BatchResult {
+        Ok => "ok",
+        Malformed => "malformed",
+        UnknownRank => "unknown_rank",
+        Stale => "stale",
+        /// From a `+rank` endpoint (or its replay socket), naming another rank.
+        WrongRank => "wrong_rank",
     }
 }
 
-/// The `result` label of `dpcoord_kv_replays_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplayResult {
-    Recovered,
-    Incomplete,
-    Timeout,
-    Unavailable,
-}
-
-impl ReplayResult {
-    const ALL: [ReplayResult; 4] =
-        [ReplayResult::Recovered, ReplayResult::Incomplete, ReplayResult::Timeout, ReplayResult::Unavailable];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            ReplayResult::Recovered => "recovered",
-            ReplayResult::Incomplete => "incomplete",
-            ReplayResult::Timeout => "timeout",
-            ReplayResult::Unavailable => "unavailable",
-        }
+crate::names! {
+    /// The `result` label of `dpcoord_kv_replays_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ReplayResult {
+        Recovered => "recovered",
+        Incomplete => "incomplete",
+        Timeout => "timeout",
+        Unavailable => "unavailable",
     }
 }
 
-/// The `cause` label of `dpcoord_kv_index_resets_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetCause {
-    Cleared,
-    Restart,
-    Down,
-    Gap,
-    /// The publisher's link was connected again: a new session, maybe a
-    /// new publisher whose `seq` says nothing of the old one's.
-    Reconnect,
-}
-
-impl ResetCause {
-    const ALL: [ResetCause; 5] =
-        [ResetCause::Cleared, ResetCause::Restart, ResetCause::Down, ResetCause::Gap, ResetCause::Reconnect];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResetCause::Cleared => "cleared",
-            ResetCause::Restart => "restart",
-            ResetCause::Down => "down",
-            ResetCause::Gap => "gap",
-            ResetCause::Reconnect => "reconnect",
-        }
+crate::names! {
+    /// The `cause` label of `dpcoord_kv_index_resets_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ResetCause {
+        Cleared => "cleared",
+        Restart => "restart",
+        Down => "down",
+        Gap => "gap",
+        /// The publisher's link was connected again: a new session, maybe a
+        /// new publisher whose `seq` says nothing of the old one's.
+        Reconnect => "reconnect",
     }
 }
 

@@ -42,48 +42,23 @@ use crate::engines::Unroutable;
 
 use serde::{Serialize, Serializer};
 
-/// The contract's error codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorCode {
-    BadRequest,
-    UnsupportedVersion,
-    UnknownOp,
-    InvalidRank,
-    RankUnavailable,
-    NoEngineAvailable,
-    TooLarge,
-    /// A `reload` found a configuration it cannot apply.
-    InvalidConfig,
-    /// A route asked to be shed (`shed_waiting`) found every candidate
-    /// rank's queue at least that deep.
-    Saturated,
-}
-
-impl ErrorCode {
-    pub const ALL: [ErrorCode; 9] = [
-        ErrorCode::BadRequest,
-        ErrorCode::UnsupportedVersion,
-        ErrorCode::UnknownOp,
-        ErrorCode::InvalidRank,
-        ErrorCode::RankUnavailable,
-        ErrorCode::NoEngineAvailable,
-        ErrorCode::TooLarge,
-        ErrorCode::InvalidConfig,
-        ErrorCode::Saturated,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::BadRequest => "bad_request",
-            ErrorCode::UnsupportedVersion => "unsupported_version",
-            ErrorCode::UnknownOp => "unknown_op",
-            ErrorCode::InvalidRank => "invalid_rank",
-            ErrorCode::RankUnavailable => "rank_unavailable",
-            ErrorCode::NoEngineAvailable => "no_engine_available",
-            ErrorCode::TooLarge => "too_large",
-            ErrorCode::InvalidConfig => "invalid_config",
-            ErrorCode::Saturated => "saturated",
-        }
+crate::names! {
+    #[names(parse)]
+    /// The contract's error codes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum ErrorCode {
+        BadRequest => "bad_request",
+        UnsupportedVersion => "unsupported_version",
+        UnknownOp => "unknown_op",
+        InvalidRank => "invalid_rank",
+        RankUnavailable => "rank_unavailable",
+        NoEngineAvailable => "no_engine_available",
+        TooLarge => "too_large",
+        /// A `reload` found a configuration it cannot apply.
+        InvalidConfig => "invalid_config",
+        /// A route asked to be shed (`shed_waiting`) found every candidate
+        /// rank's queue at least that deep.
+        Saturated => "saturated",
     }
 }
 

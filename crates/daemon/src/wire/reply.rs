@@ -17,24 +17,22 @@ pub const MAX_ERROR_MESSAGE_BYTES: usize = 512;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Instance(pub u64);
 
-/// Where the rank count in force came from, as the `resize` and `reload`
-/// replies say it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DpSizeFrom {
-    /// `engines.dp_size` of the configuration (the file with the flags).
-    File,
-    /// A `resize` op; reloads keep it until the configuration's
-    /// `engines.dp_size` changes.
-    Resize,
+crate::names! {
+    /// Where the rank count in force came from, as the `resize` and `reload`
+    /// replies say it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum DpSizeFrom {
+        /// `engines.dp_size` of the configuration (the file with the flags).
+        File => "file",
+        /// A `resize` op; reloads keep it until the configuration's
+        /// `engines.dp_size` changes.
+        Resize => "resize",
+    }
 }
 
-impl DpSizeFrom {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DpSizeFrom::File => "file",
-            DpSizeFrom::Resize => "resize",
-        }
+impl Serialize for DpSizeFrom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -77,26 +75,16 @@ struct Ranks<'a> {
     fallbacks: Option<&'a [u32]>,
 }
 
-/// Where a rank's predicted prefix came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrefixSource {
-    /// The rank's KV events.
-    Events,
-    /// dpcoord's own placements.
-    Approximate,
-    /// An events-only rank whose index is degraded: no credit.
-    Degraded,
-}
-
-impl PrefixSource {
-    pub const ALL: [PrefixSource; 3] = [PrefixSource::Events, PrefixSource::Approximate, PrefixSource::Degraded];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrefixSource::Events => "events",
-            PrefixSource::Approximate => "approximate",
-            PrefixSource::Degraded => "degraded",
-        }
+crate::names! {
+    /// Where a rank's predicted prefix came from.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PrefixSource {
+        /// The rank's KV events.
+        Events => "events",
+        /// dpcoord's own placements.
+        Approximate => "approximate",
+        /// An events-only rank whose index is degraded: no credit.
+        Degraded => "degraded",
     }
 }
 

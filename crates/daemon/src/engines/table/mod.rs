@@ -16,53 +16,36 @@ mod order;
 pub use order::Reject;
 use order::{seq_of, step, Step};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// No valid update seen yet. Not routable.
-    Unknown,
-    Up,
-    /// No update for `stale_after`: still routable, penalized.
-    Stale,
-    /// No update for `down_after`: never routed until readmitted.
-    Down,
-    /// Reporting but not working: work and no progress for `stall_after`,
-    /// or `probe_failures` failed probes in a row. Never routed until
-    /// progress resumes (`readmit_updates` updates in a row with it) or a
-    /// probe succeeds.
-    Stalled,
+crate::names! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status {
+        /// No valid update seen yet. Not routable.
+        Unknown => "unknown",
+        Up => "up",
+        /// No update for `stale_after`: still routable, penalized.
+        Stale => "stale",
+        /// No update for `down_after`: never routed until readmitted.
+        Down => "down",
+        /// Reporting but not working: work and no progress for `stall_after`,
+        /// or `probe_failures` failed probes in a row. Never routed until
+        /// progress resumes (`readmit_updates` updates in a row with it) or a
+        /// probe succeeds.
+        Stalled => "stalled",
+    }
 }
 
-/// Why a rank is `stalled`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StallCause {
-    Progress,
-    Probe,
-}
-
-impl StallCause {
-    pub const ALL: [StallCause; 2] = [StallCause::Progress, StallCause::Probe];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StallCause::Progress => "progress",
-            StallCause::Probe => "probe",
-        }
+crate::names! {
+    /// Why a rank is `stalled`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum StallCause {
+        Progress => "progress",
+        Probe => "probe",
     }
 }
 
 impl Status {
     pub fn is_routable(self) -> bool {
         matches!(self, Status::Up | Status::Stale)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Unknown => "unknown",
-            Status::Up => "up",
-            Status::Stale => "stale",
-            Status::Down => "down",
-            Status::Stalled => "stalled",
-        }
     }
 }
 

@@ -34,68 +34,35 @@ pub struct RankMetrics {
     pub stalled: IntGauge,
 }
 
-/// The `result` label of `dpcoord_stats_messages_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsResult {
-    Ok,
-    Malformed,
-    Stale,
-    UnknownRank,
-    /// From a per-rank source (an SGLang load endpoint), naming another rank.
-    WrongRank,
-}
-
-impl StatsResult {
-    pub const ALL: [StatsResult; 5] =
-        [StatsResult::Ok, StatsResult::Malformed, StatsResult::Stale, StatsResult::UnknownRank, StatsResult::WrongRank];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StatsResult::Ok => "ok",
-            StatsResult::Malformed => "malformed",
-            StatsResult::Stale => "stale",
-            StatsResult::UnknownRank => "unknown_rank",
-            StatsResult::WrongRank => "wrong_rank",
-        }
+crate::names! {
+    /// The `result` label of `dpcoord_stats_messages_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum StatsResult {
+        Ok => "ok",
+        Malformed => "malformed",
+        Stale => "stale",
+        UnknownRank => "unknown_rank",
+        /// From a per-rank source (an SGLang load endpoint), naming another rank.
+        WrongRank => "wrong_rank",
     }
 }
 
-/// The `result` label of `dpcoord_scrapes_total`: how one scrape of a
-/// vLLM `/metrics` ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScrapeResult {
-    /// The body decoded into a load report.
-    Ok,
-    /// Refused, unreachable or reset before a response.
-    ConnectError,
-    Timeout,
-    /// A status other than 200, or not HTTP.
-    HttpError,
-    /// A body above the scrape cap.
-    TooLarge,
-    /// A body that did not decode (not the text format, or no vLLM gauges).
-    Malformed,
-}
-
-impl ScrapeResult {
-    pub const ALL: [ScrapeResult; 6] = [
-        ScrapeResult::Ok,
-        ScrapeResult::ConnectError,
-        ScrapeResult::Timeout,
-        ScrapeResult::HttpError,
-        ScrapeResult::TooLarge,
-        ScrapeResult::Malformed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScrapeResult::Ok => "ok",
-            ScrapeResult::ConnectError => "connect_error",
-            ScrapeResult::Timeout => "timeout",
-            ScrapeResult::HttpError => "http_error",
-            ScrapeResult::TooLarge => "too_large",
-            ScrapeResult::Malformed => "malformed",
-        }
+crate::names! {
+    /// The `result` label of `dpcoord_scrapes_total`: how one scrape of a
+    /// vLLM `/metrics` ended.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ScrapeResult {
+        /// The body decoded into a load report.
+        Ok => "ok",
+        /// Refused, unreachable or reset before a response.
+        ConnectError => "connect_error",
+        Timeout => "timeout",
+        /// A status other than 200, or not HTTP.
+        HttpError => "http_error",
+        /// A body above the scrape cap.
+        TooLarge => "too_large",
+        /// A body that did not decode (not the text format, or no vLLM gauges).
+        Malformed => "malformed",
     }
 }
 
@@ -178,25 +145,15 @@ impl RankFamilies {
     }
 }
 
-/// The `result` label of `dpcoord_config_reloads_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReloadResult {
-    Ok,
-    /// The configuration did not parse or check.
-    Invalid,
-    /// It changed a key that only a restart can apply.
-    RestartRequired,
-}
-
-impl ReloadResult {
-    pub const ALL: [ReloadResult; 3] = [ReloadResult::Ok, ReloadResult::Invalid, ReloadResult::RestartRequired];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReloadResult::Ok => "ok",
-            ReloadResult::Invalid => "invalid",
-            ReloadResult::RestartRequired => "restart_required",
-        }
+crate::names! {
+    /// The `result` label of `dpcoord_config_reloads_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ReloadResult {
+        Ok => "ok",
+        /// The configuration did not parse or check.
+        Invalid => "invalid",
+        /// It changed a key that only a restart can apply.
+        RestartRequired => "restart_required",
     }
 }
 

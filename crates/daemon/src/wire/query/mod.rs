@@ -20,19 +20,12 @@ pub const MAX_ID_BYTES: usize = 128;
 /// How much of a peer's op name an error message quotes.
 const SHOWN_OP_BYTES: usize = 64;
 
-/// Which socket a query arrived on; decides which ops are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
-    Route,
-    Health,
-}
-
-impl Channel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Channel::Route => "route",
-            Channel::Health => "health",
-        }
+crate::names! {
+    /// Which socket a query arrived on; decides which ops are served.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Channel {
+        Route => "route",
+        Health => "health",
     }
 }
 
