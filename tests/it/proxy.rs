@@ -245,6 +245,35 @@ fn a_server_that_refuses_is_retried_on_the_next_best_reported_and_readmitted() {
 }
 
 #[test]
+fn a_rank_answering_5xx_leaves_rotation_and_returns_when_its_health_answers() {
+    let (good, failing) = (OpenAiServer::start(), OpenAiServer::start());
+    let p = over(&[&good, &failing], "round_robin", "[engines]\nprobe_failures = 3");
+    failing.answer_status(503);
+    // Each 503 passes through and is reported; three in a row stall rank 1.
+    let mut failed = 0;
+    for _ in 0..50 {
+        let r = post(p.addr, BODY);
+        assert_eq!(r.status, if r.rank() == 1 { 503 } else { 200 }, "{}", r.body);
+        failed += usize::from(r.rank() == 1);
+        if p.d.ranks()[1]["status"] == "stalled" {
+            break;
+        }
+    }
+    let state = p.d.wait_status(1, "stalled");
+    assert_eq!(state["ranks"][1]["stall"], json!("probe"), "{state}");
+    assert!((1..=3).contains(&failed), "stalled after {failed} 503s");
+    // Its /health fails too: it stays out of rotation.
+    for _ in 0..4 {
+        assert_eq!(post(p.addr, BODY).rank(), 0);
+    }
+    // Healthy again: the proxy's probe of /health readmits it.
+    failing.answer_status(0);
+    p.d.wait_status(1, "up");
+    let ranks: Vec<u32> = (0..4).map(|_| post(p.addr, BODY).rank()).collect();
+    assert!(ranks.contains(&1), "{ranks:?}");
+}
+
+#[test]
 fn with_one_endpoint_for_every_rank_the_rank_rides_in_the_header() {
     let engine = OpenAiServer::start();
     let dir = tempfile::tempdir().unwrap();

@@ -4,9 +4,11 @@ Envoy-based gateway sends on ``ext_proc``, against the real binary."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import queue
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import DEADLINE, bring_up, eventually, free_port
 
-A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+# The ranks' endpoints: loopback ports nothing listens on (a rank failing
+# through the gateway has its endpoint's /health tried, see reach.rs),
+# in the order their names sort, as some tests compare sorted picks.
+A, B, C = sorted(f"127.0.0.1:{free_port()}" for _ in range(3))
 DEST = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 BODY = json.dumps({"model": "m", "prompt": "hello " * 40}).encode()
@@ -234,6 +239,69 @@ def test_a_request_served_elsewhere_is_charged_there(start_daemon, engines, tmp_
     eventually("the placement moved and ended", lambda: pending(d) == [0, 0] and routed(d)[other] == 1)
     assert routed(d)[rank] == 0
     assert d.metric("dpcoord_gateway_rank_errors_total", f'dp_rank="{other}",kind="status_5xx"') == 1
+
+
+class Health:
+    """A rank's server as far as the picker's probe sees it: `GET /health` on 127.0.0.1 answers `status`."""
+
+    def __init__(self):
+        self.status = 503
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(owner.status if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_rank_failing_through_the_gateway_leaves_rotation_and_returns_when_healthy(start_daemon, engines, tmp_path):
+    server = Health()
+    try:
+        d, ch = start(start_daemon, tmp_path, endpoints=[server.endpoint, B])
+        bring_up(d, engines, [0, 1])
+        # The gateway sees 503 from rank 0's server: each is reported as a
+        # failed probe, and engines.probe_failures (3) in a row stall it.
+        for _ in range(50):
+            s = Stream(ch)
+            request(s)
+            endpoint, _ = picked(s)
+            respond(s, endpoint, status="503" if endpoint == server.endpoint else "200")
+            if d.statuses()[0] == "stalled":
+                break
+        assert d.statuses()[0] == "stalled"
+        assert d.state()["ranks"][0]["stall"] == "probe"
+        assert d.metric("dpcoord_gateway_rank_errors_total", 'dp_rank="0",kind="status_5xx"') >= 1
+        # Its /health answers 503: it stays out, every pick is rank 1.
+        for _ in range(4):
+            s = Stream(ch)
+            request(s)
+            assert picked(s)[0] == B
+            respond(s, B)
+        # Healthy again: the picker's probe of /health readmits it.
+        server.status = 200
+        eventually("rank 0 back", lambda: d.statuses()[0] == "up")
+        seen = set()
+        for _ in range(4):
+            s = Stream(ch)
+            request(s)
+            endpoint, _ = picked(s)
+            seen.add(endpoint)
+            respond(s, endpoint)
+        assert server.endpoint in seen, seen
+    finally:
+        server.close()
 
 
 def test_one_endpoint_with_the_rank_header(start_daemon, engines, tmp_path):

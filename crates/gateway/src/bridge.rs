@@ -3,9 +3,9 @@
 //! connected in-process to the route ROUTER, so every pick is a `route`
 //! query (and every ended request a `finished` query) answered by the
 //! routing thread like any frontend's: the same pending, sessions,
-//! penalties, policy and health isolation. The proxy's thread also owns a
-//! DEALER on the health ROUTER, for what it learns of a rank's reachability
-//! (`health_report`). Tasks hand a query over a channel and wake the thread
+//! penalties, policy and health isolation. The thread also owns a DEALER
+//! on the health ROUTER, for what the fronts learn of a rank's server
+//! (`health_report`, `reach.rs`). Tasks hand a query over a channel and wake the thread
 //! through a socket pair (only when it sleeps: a burst of queries costs one
 //! wake-up); the reply comes back on a oneshot matched by the query's `id`.
 
@@ -133,11 +133,10 @@ pub struct Bridge {
 }
 
 impl Bridge {
-    /// Connects a DEALER to [`LOCAL_ROUTE`] (bound by the route socket
-    /// first), and with `health` one to [`LOCAL_HEALTH`], and starts the
-    /// thread; at most `in_flight` queries wait for a reply at a time, the
+    /// Connects a DEALER to [`LOCAL_ROUTE`] and one to [`LOCAL_HEALTH`]
+    /// (bound by the daemon's sockets first), and starts the thread; at most `in_flight` queries wait for a reply at a time, the
     /// others wait their turn.
-    pub fn start(ctx: &zmq::Context, in_flight: usize, health: bool) -> std::io::Result<Bridge> {
+    pub fn start(ctx: &zmq::Context, in_flight: usize) -> std::io::Result<Bridge> {
         let dealer = |endpoint: &str| -> std::io::Result<zmq::Socket> {
             let d = ctx.socket(zmq::DEALER).map_err(std::io::Error::other)?;
             d.set_linger(0).map_err(std::io::Error::other)?;
@@ -145,8 +144,9 @@ impl Bridge {
             Ok(d)
         };
         let route = dealer(LOCAL_ROUTE)?;
-        let health = if health { Some(dealer(LOCAL_HEALTH)?) } else { None };
-        let fds = (std::iter::once(&route).chain(&health))
+        let health = dealer(LOCAL_HEALTH)?;
+        let fds = [&route, &health]
+            .into_iter()
             .map(|d| d.get_fd().map_err(std::io::Error::other))
             .collect::<std::io::Result<Vec<RawFd>>>()?;
         let (wake_tx, wake_rx) = UnixStream::pair()?;
@@ -157,7 +157,7 @@ impl Bridge {
         let woken = Arc::clone(&wake);
         std::thread::Builder::new()
             .name("gateway-bridge".into())
-            .spawn(move || serve(&route, health.as_ref(), &fds, &rx, &woken, wake_rx))?;
+            .spawn(move || serve(&route, &health, &fds, &rx, &woken, wake_rx))?;
         let in_flight = Arc::new(Semaphore::new(in_flight.max(1)));
         Ok(Bridge { tx, wake, in_flight })
     }
@@ -168,7 +168,7 @@ impl Bridge {
         self.ask_on(Socket::Route, q).await
     }
 
-    /// Asks on `socket` (the health one only when the bridge has it).
+    /// Asks on `socket`.
     pub async fn ask_on(&self, socket: Socket, q: Query) -> Option<Reply> {
         // Held until the reply is in (or the bridge gave up on it).
         let _turn = self.in_flight.acquire().await.ok()?;
@@ -213,7 +213,7 @@ impl Bridge {
 /// descriptor), so no reply is left waiting.
 fn serve(
     route: &zmq::Socket,
-    health: Option<&zmq::Socket>,
+    health: &zmq::Socket,
     fds: &[RawFd],
     rx: &mpsc::Receiver<Ask>,
     wake: &Wake,
@@ -222,7 +222,7 @@ fn serve(
     let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
     let mut next_id: u64 = 0;
     let mut scratch = [0u8; 256];
-    let dealers: Vec<&zmq::Socket> = std::iter::once(route).chain(health).collect();
+    let dealers = [route, health];
     let mut items: Vec<zmq::PollItem<'_>> =
         fds.iter().chain([&bell.as_raw_fd()]).map(|&fd| zmq::PollItem::from_fd(fd, zmq::POLLIN)).collect();
     // Which dealers to read: all at first.
@@ -237,11 +237,7 @@ fn serve(
             };
             let at = match socket {
                 Socket::Route => 0,
-                Socket::Health if health.is_some() => 1,
-                Socket::Health => {
-                    tracing::debug!("a health query without the health socket was not sent");
-                    continue;
-                }
+                Socket::Health => 1,
             };
             next_id = next_id.wrapping_add(1);
             let bytes = rmp_serde::to_vec_named(&Wire { v: 1, id: next_id, q: &q });

@@ -15,6 +15,7 @@ use dpcoord_daemon::wire::Channel;
 use crate::metrics::{Front, GatewayMetrics};
 use crate::prompt::PromptError;
 use crate::prompts::Prompts;
+use crate::reach::Reach;
 use crate::{proxy, Bridge};
 
 /// The fronts' listeners (bound, so a busy port was named before the
@@ -29,6 +30,8 @@ pub struct Ready {
 pub struct Fronts {
     picker: Option<crate::Server>,
     proxy: Option<proxy::Server>,
+    /// Tries the servers of ranks failing through the gateway.
+    watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Ready {
@@ -42,10 +45,11 @@ impl Ready {
         Ok(Ready { epp, proxy, prompts })
     }
 
-    /// The in-process endpoints the fronts ask through: the route socket
-    /// for either, the health socket for the proxy's reports.
+    /// The in-process endpoints the fronts ask through: the route socket,
+    /// and the health socket for what they learn of the ranks' servers.
     pub fn local(&self) -> Local {
-        Local { route: self.prompts.is_some(), health: self.proxy.is_some() }
+        let on = self.prompts.is_some();
+        Local { route: on, health: on }
     }
 
     /// Registers both fronts' metrics on the daemon's registry (on or
@@ -55,18 +59,22 @@ impl Ready {
         let dp = cfg.settings.engines.dp_size;
         let picker_metrics = GatewayMetrics::new(&daemon.registry, dp, Front::Picker);
         let proxy_metrics = GatewayMetrics::new(&daemon.registry, dp, Front::Proxy);
-        let Some(prompts) = self.prompts else { return Ok(Fronts { picker: None, proxy: None }) };
+        let Some(prompts) = self.prompts else { return Ok(Fronts { picker: None, proxy: None, watch: None }) };
         // No more queries in flight than the route socket queues replies
         // for one peer: none is dropped.
         let in_flight = reply_queue(Channel::Route, cfg) as usize;
-        let bridge = Bridge::start(&daemon.context, in_flight, self.proxy.is_some())?;
+        let bridge = Bridge::start(&daemon.context, in_flight)?;
         let max_query = cfg.settings.limits.max_message_bytes;
         let decider = |metrics| {
             crate::decider(bridge.clone(), Arc::clone(&daemon.published), metrics, Arc::clone(&prompts), max_query)
         };
+        // One watch over the ranks failing through either front.
+        let reach = Arc::new(Reach::default());
+        let timeout = cfg.server.proxy.connect_timeout;
+        let watch = Some(rt.spawn(Arc::clone(&reach).watch(decider(picker_metrics.clone()), timeout)));
         let picker = self.epp.map(|l| {
             tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            crate::spawn(rt, l, decider(picker_metrics))
+            crate::spawn(rt, l, decider(picker_metrics), Arc::clone(&reach))
         });
         let proxy = self.proxy.map(|l| {
             let share = cfg.server.proxy.max_connections.min(daemon.fds.proxy_share());
@@ -76,9 +84,9 @@ impl Ready {
                 max_connections = conns.max_connections,
                 "proxy serving"
             );
-            proxy::spawn(rt, l, decider(proxy_metrics), cfg.server.proxy, conns, &daemon.registry)
+            proxy::spawn(rt, l, decider(proxy_metrics), cfg.server.proxy, conns, &daemon.registry, Arc::clone(&reach))
         });
-        Ok(Fronts { picker, proxy })
+        Ok(Fronts { picker, proxy, watch })
     }
 }
 
@@ -98,5 +106,8 @@ impl Fronts {
             }
         };
         tokio::join!(picker, proxy);
+        if let Some(w) = self.watch {
+            w.abort();
+        }
     }
 }

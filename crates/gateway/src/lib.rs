@@ -19,6 +19,7 @@
 //! - `reply.rs`: the `ext_proc` messages the picker answers with
 //! - `proxy/`: the reverse proxy
 //! - `subset.rs`: eligible ranks (endpoints, the gateway's subset hint)
+//! - `reach.rs`: ranks failing through the gateway, reported and retried
 //! - `metrics.rs`: `dpcoord_gateway_*`, `dpcoord_proxy_*`
 //! - `resolve.rs`: endpoint names resolved to addresses, kept fresh
 //! - `fronts.rs`: the fronts started with the daemon and stopped before it
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod prompt;
 pub mod prompts;
 pub mod proxy;
+mod reach;
 mod reply;
 mod resolve;
 pub mod service;
@@ -115,10 +117,16 @@ pub fn decider(
 }
 
 /// Serves the picker and the gRPC health service on `listener` (already
-/// bound, so a bind error was reported before the daemon started).
-pub fn spawn(rt: &tokio::runtime::Handle, listener: TcpListener, decider: Arc<Decider>) -> Server {
+/// bound, so a bind error was reported before the daemon started);
+/// `reach` is where the ranks' 5xx answers go.
+pub fn spawn(
+    rt: &tokio::runtime::Handle,
+    listener: TcpListener,
+    decider: Arc<Decider>,
+    reach: Arc<reach::Reach>,
+) -> Server {
     let published = Arc::clone(&decider.published);
-    let picker = service::Picker { decider };
+    let picker = service::Picker { decider, reach };
     let (stop, mut stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::decide::{Decider, Refusal};
 use super::metrics::Outcome;
+use super::reach::Reach;
 use super::reply::{self, Pick, SERVED};
 use super::{body, subset};
 
@@ -27,6 +28,8 @@ const FULL_DUPLEX: i32 = 4;
 #[derive(Clone)]
 pub struct Picker {
     pub decider: Arc<Decider>,
+    /// Where the ranks' 5xx answers go (`reach.rs`).
+    pub reach: Arc<Reach>,
 }
 
 /// One request's stream, as far as it went.
@@ -145,6 +148,9 @@ impl Picker {
                     if code >= 500 {
                         self.decider.metrics.rank_error(rank, "status_5xx");
                     }
+                    // Routing hears of it off the stream's path.
+                    let (reach, decider) = (Arc::clone(&self.reach), Arc::clone(&self.decider));
+                    tokio::spawn(async move { reach.answered(&decider, rank, code).await });
                 }
                 // Served by a fallback (the gateway retried): the placement
                 // moves there now, not when the response ends.

@@ -94,7 +94,8 @@ impl OpenAiServer {
         *self.shared.cached.lock().unwrap() = Some(cached);
     }
 
-    /// Answers every completion with `status` from now on.
+    /// Answers every completion, and `GET /health`, with `status` from now
+    /// on (0: 200 again).
     pub fn answer_status(&self, status: u16) {
         self.shared.status.store(status, Ordering::Relaxed);
     }
@@ -163,6 +164,12 @@ fn serve(conn: TcpStream, s: &Shared) {
             };
             s.running.fetch_sub(1, Ordering::Relaxed);
             ok
+        } else if path == "/health" {
+            // As vLLM's: the engine's failure shows here too.
+            match s.status.load(Ordering::Relaxed) {
+                0 => respond(&mut out, 200, ""),
+                code => respond(&mut out, code, r#"{"error":"engine"}"#),
+            }
         } else {
             respond(&mut out, 200, r#"{"object":"list","data":[{"id":"m"}]}"#)
         };

@@ -156,7 +156,7 @@ async fn forward(p: &Proxy, parts: &axum::http::request::Parts, held: Held, d: D
         };
         match p.client.request(req).await {
             Ok(resp) => {
-                p.reach.reached(&p.decider, rank).await;
+                p.reach.answered(&p.decider, rank, resp.status().as_u16()).await;
                 let booking = match (routed, rank == d.rank) {
                     (true, true) => Some(Booking {
                         bridge: p.decider.bridge.clone(),

@@ -7,7 +7,6 @@
 //! - `forward.rs`: one request, from its body to its response
 //! - `booked.rs`: the response body that books `finished` at its end, and
 //!   reports what the engine served from its cache (`delivered`)
-//! - `reach.rs`: ranks the proxy could not connect to, reported and retried
 //!
 //! Its client connections are served as the HTTP server's are
 //! (`io/http/conns.rs`: a cap, header and idle timeouts, eviction), with
@@ -15,7 +14,6 @@
 
 mod booked;
 mod forward;
-mod reach;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +24,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::Decider;
+use crate::reach::Reach;
+use crate::Decider;
 use dpcoord_daemon::config::ProxyLimits;
 use dpcoord_daemon::io::http::conns::{self, Family, Limits};
 use dpcoord_daemon::observability::metrics::{built, register};
@@ -52,14 +51,13 @@ pub struct Proxy {
     buffered: Arc<Semaphore>,
     /// `dpcoord_proxy_buffered_bytes`: what the bodies hold now.
     buffered_bytes: prometheus::IntGauge,
-    reach: Arc<reach::Reach>,
+    reach: Arc<Reach>,
 }
 
 /// The running proxy; [`Server::stop`] ends it.
 pub struct Server {
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
-    watch: JoinHandle<()>,
 }
 
 impl Server {
@@ -67,8 +65,7 @@ impl Server {
     /// [`super::DRAIN`], then closes what is left.
     pub async fn stop(self) {
         let _ = self.stop.send(());
-        super::drain(self.task, "proxy requests").await;
-        self.watch.abort();
+        crate::drain(self.task, "proxy requests").await;
     }
 }
 
@@ -82,6 +79,7 @@ pub fn spawn(
     limits: ProxyLimits,
     conns: Limits,
     registry: &prometheus::Registry,
+    reach: Arc<Reach>,
 ) -> Server {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(limits.connect_timeout));
@@ -93,7 +91,6 @@ pub fn spawn(
         .pool_max_idle_per_host(conns.max_connections.div_ceil(ranks))
         .http1_max_buf_size(UPSTREAM_BUF)
         .build(connector);
-    let reach = Arc::new(reach::Reach::default());
     let buffered_bytes = register(
         registry,
         built(prometheus::IntGauge::new(
@@ -107,9 +104,8 @@ pub fn spawn(
         limits,
         buffered: Arc::new(Semaphore::new(limits.max_buffered_bytes)),
         buffered_bytes,
-        reach: Arc::clone(&reach),
+        reach,
     });
-    let watch = rt.spawn(reach.watch(decider, limits.connect_timeout));
     let router = axum::Router::new().fallback(forward::handle).with_state(proxy);
     let (stop, stopped) = oneshot::channel::<()>();
     let registry = registry.clone();
@@ -120,5 +116,5 @@ pub fn spawn(
         };
         conns::serve(listener, router, &registry, conns, CONNECTIONS, shutdown).await
     });
-    Server { stop, task, watch }
+    Server { stop, task }
 }
