@@ -1,6 +1,6 @@
 //! The module layering, checked on the source: the daemon crate depends on
-//! neither the simulator nor the gateway, `config` is the ground (it names no other module
-//! of the crate), and the modules of `io` import each other without a circle.
+//! neither the simulator nor the gateway, `config` is the ground (it names
+//! no other module of the crate, only the `names!` macro), and the modules of `io` import each other without a circle.
 //! A change that breaks any fails here, naming the file and the import.
 
 use std::collections::BTreeMap;
@@ -59,7 +59,8 @@ fn config_imports_no_module_above_it() {
     let mut above = Vec::new();
     for file in sources(&src().join("config")) {
         for module in paths_after(&code(&file), "crate::") {
-            if module != "config" {
+            // `names!` is a macro at the crate's root, below every module.
+            if module != "config" && module != "names" {
                 above.push(format!("{}: crate::{module}", file.strip_prefix(src()).unwrap().display()));
             }
         }

@@ -1,4 +1,4 @@
-//! One name list per enum (issue 43): [`names!`](crate::names!) declares a
+//! One name list per enum: [`names!`](crate::names!) declares a
 //! field-less enum with each variant's name beside it (a wire code, a metric
 //! label value, a configured name), and derives its list of all, its names
 //! and, on request, its parse from that one list.

@@ -250,26 +250,17 @@ pub struct Routing {
     pub cache: CacheAware,
 }
 
-/// Where `cache_aware` learns which rank holds a prefix (`routing.prefix_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrefixMode {
-    /// KV events where a rank publishes them, dpcoord's placements elsewhere.
-    Auto,
-    /// KV events only.
-    Events,
-    /// dpcoord's own placements only.
-    Approximate,
-}
-
-impl PrefixMode {
-    pub const ALL: [PrefixMode; 3] = [PrefixMode::Auto, PrefixMode::Events, PrefixMode::Approximate];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrefixMode::Auto => "auto",
-            PrefixMode::Events => "events",
-            PrefixMode::Approximate => "approximate",
-        }
+crate::names! {
+    #[names(parse)]
+    /// Where `cache_aware` learns which rank holds a prefix (`routing.prefix_mode`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PrefixMode {
+        /// KV events where a rank publishes them, dpcoord's placements elsewhere.
+        Auto => "auto",
+        /// KV events only.
+        Events => "events",
+        /// dpcoord's own placements only.
+        Approximate => "approximate",
     }
 }
 

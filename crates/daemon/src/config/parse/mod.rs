@@ -325,8 +325,9 @@ pub(super) fn parse_routing(mut s: Section<'_>) -> Result<Routing, ConfigError> 
     };
     let seed = s.int(&keys::SEED)?;
     let mode_name = s.string(&keys::PREFIX_MODE)?;
-    let mode = PrefixMode::ALL.into_iter().find(|m| m.as_str() == mode_name).ok_or_else(|| {
-        err(keys::PREFIX_MODE.key.path(), format!("unknown mode \"{mode_name}\"; available: auto, events, approximate"))
+    let mode = PrefixMode::parse(&mode_name).ok_or_else(|| {
+        let available = PrefixMode::ALL.map(PrefixMode::as_str).join(", ");
+        err(keys::PREFIX_MODE.key.path(), format!("unknown mode \"{mode_name}\"; available: {available}"))
     })?;
     let cache = CacheAware {
         prefill_weight: s.float(&keys::CACHE_PREFILL_WEIGHT)?,
