@@ -24,8 +24,21 @@ pub struct ChatMessage {
 pub struct OpenAiRequest {
     pub model: String,
     pub prompt: PromptText,
-    /// `user`: the session key of the route query.
+    /// `user`: the session key of the route query ([`session_key`]).
     pub user: Option<String>,
+}
+
+/// The longest `user` sent as the session key as it is; a longer one (a
+/// route query holds at most `limits.max_message_bytes`) is keyed by its
+/// 128-bit hash, so the same user still keeps its rank.
+pub const MAX_SESSION_BYTES: usize = 256;
+
+/// The session key of a request's `user`.
+pub fn session_key(user: &str) -> String {
+    if user.len() <= MAX_SESSION_BYTES {
+        return user.to_owned();
+    }
+    format!("xxh3-128:{:032x}", xxhash_rust::xxh3::xxh3_128(user.as_bytes()))
 }
 
 /// Why a body cannot be routed; each reads as the gateway's 400 reply.
@@ -74,7 +87,7 @@ pub fn parse(body: &[u8]) -> Result<OpenAiRequest, BodyError> {
     };
     let user = match obj.get("user") {
         None | Some(Value::Null) => None,
-        Some(Value::String(u)) => Some(u.clone()),
+        Some(Value::String(u)) => Some(session_key(u)),
         Some(_) => return Err(BodyError::BadField("user")),
     };
     Ok(OpenAiRequest { model, prompt, user })
@@ -146,5 +159,17 @@ mod tests {
         assert_eq!(parse(br#"{"model":"m"}"#), Err(BodyError::NoPrompt));
         assert_eq!(parse(br#"{"model":"m","prompt":{}}"#), Err(BodyError::BadField("prompt")));
         assert_eq!(parse(br#"{"model":"m","prompt":"x","user":3}"#), Err(BodyError::BadField("user")));
+    }
+
+    #[test]
+    fn a_long_user_is_keyed_by_its_hash_the_same_each_time() {
+        let long = "u".repeat(70 << 10);
+        let body = |u: &str| format!(r#"{{"model":"m","prompt":"p","user":"{u}"}}"#);
+        let key = parse(body(&long).as_bytes()).unwrap().user.unwrap();
+        assert_eq!(key.len(), "xxh3-128:".len() + 32);
+        assert_eq!(parse(body(&long).as_bytes()).unwrap().user.unwrap(), key);
+        assert_ne!(parse(body(&format!("{long}v")).as_bytes()).unwrap().user.unwrap(), key);
+        let short = "u".repeat(MAX_SESSION_BYTES);
+        assert_eq!(parse(body(&short).as_bytes()).unwrap().user.unwrap(), short);
     }
 }

@@ -44,6 +44,9 @@ struct Stream {
     served: Option<u32>,
     /// The served endpoint as the gateway's metadata named it.
     served_endpoint: Option<String>,
+    /// The request's headers came, then its body's end: each at most once.
+    headers: bool,
+    picked: bool,
     /// The response is over (or was never to come).
     finished: bool,
     /// Served elsewhere: the placement was moved when the response's
@@ -105,7 +108,12 @@ impl Picker {
     /// Answers one message; `true` once the stream has nothing more to do.
     async fn step(&self, s: &mut Stream, req: In, out: &Out) -> bool {
         match req {
+            // A stream is one request: a second one's headers, or a body
+            // after the body's end, would be a second pick and placement.
+            In::RequestHeaders(_) if s.headers => return self.violation(out, "a second request's headers").await,
+            In::RequestBody(_) if s.picked => return self.violation(out, "request body after its end").await,
             In::RequestHeaders(h) => {
+                s.headers = true;
                 if h.end_of_stream {
                     // A POST without a body is an inference request missing it.
                     if reply::method(h.headers.as_ref()).is_none_or(|m| m == "POST") {
@@ -184,8 +192,17 @@ impl Picker {
         }
     }
 
+    /// A message the protocol does not allow at this point: the stream
+    /// ends with `INVALID_ARGUMENT` (what it booked is booked `finished`).
+    async fn violation(&self, out: &Out, what: &str) -> bool {
+        let why = format!("dpcoord: {what} on one ext_proc stream; a stream carries one request");
+        let _ = out.send(Err(Status::invalid_argument(why))).await;
+        true
+    }
+
     /// The whole body is in: parse, ask the coordinator, answer the gateway.
     async fn pick(&self, s: &mut Stream, out: &Out) -> bool {
+        s.picked = true;
         let parsed = match body::parse(&s.body) {
             Ok(p) => p,
             Err(e) => return self.reject(s, out, Refusal::bad_body(&e)).await,
@@ -212,6 +229,7 @@ impl Picker {
     /// routable rank's endpoint in turn, nothing booked. The stream goes
     /// on for its response, which books nothing either.
     async fn pass(&self, s: &mut Stream, out: &Out) -> bool {
+        s.picked = true;
         let d = match self.decider.bodyless(s.subset.as_deref()) {
             Ok(d) => d,
             Err(r) => return self.reject(s, out, r).await,
