@@ -5,7 +5,10 @@
 //! the end of a request booked with `finished`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+use dpcoord_daemon::io::niceness::lower_this_thread;
+use tokio::sync::Semaphore;
 
 use super::bridge::{Bridge, Query};
 use super::endpoints::Endpoints;
@@ -16,6 +19,14 @@ use super::{body, subset};
 use dpcoord_daemon::config::Gateway;
 use dpcoord_daemon::routing::Published;
 use dpcoord_daemon::wire::ErrorCode;
+
+/// How many prompts the model's tokenizer encodes at once: half the cores
+/// (at least one), so the routing thread keeps one however many large
+/// prompts arrive together.
+static TOKENIZING: LazyLock<Semaphore> = LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    Semaphore::new((cores / 2).max(1))
+});
 
 /// What a front needs to decide.
 pub struct Decider {
@@ -191,9 +202,10 @@ impl Decider {
     /// text keys, each cut to the leading part that fits the route socket's
     /// message limit (a prefix is still a prefix; the length is the
     /// whole, estimated past a cut the tokenizer did not read).
-    /// Tokenizing runs on the blocking pool, not the tasks' thread; text
-    /// keys are hashed in place, cheaper than the handoff (and than the
-    /// JSON parse the body already had).
+    /// Tokenizing runs on the blocking pool, not the tasks' thread, at most
+    /// [`TOKENIZING`] prompts at once and at a helper thread's lower CPU
+    /// priority; text keys are hashed in place, cheaper than the handoff
+    /// (and than the JSON parse the body already had).
     async fn key_prompt(&self, q: &mut Query, gateway: &Gateway, prompt: body::PromptText) {
         let encoder = self.prompts.encoder(gateway);
         let estimate = prompt.estimated_tokens();
@@ -204,7 +216,15 @@ impl Decider {
         let most = self.published.max_prompt_tokens() as usize;
         let ids = (room / 5).min(most);
         let encoded = if encoder.has_tokenizer() {
-            tokio::task::spawn_blocking(move || encoder.encode(&prompt, ids)).await.ok()
+            // A burst of large prompts waits its turn here rather than
+            // taking every core from the routing thread.
+            let _turn = TOKENIZING.acquire().await.ok();
+            tokio::task::spawn_blocking(move || {
+                lower_this_thread();
+                encoder.encode(&prompt, ids)
+            })
+            .await
+            .ok()
         } else {
             Some(encoder.encode(&prompt, ids))
         };

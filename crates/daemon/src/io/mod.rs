@@ -11,7 +11,7 @@ pub mod ipc;
 mod kv_decode;
 mod links;
 mod monitor;
-mod niceness;
+pub mod niceness;
 mod peer_sources;
 mod peers;
 pub mod probe;

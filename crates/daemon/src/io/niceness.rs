@@ -1,5 +1,5 @@
 //! A lower CPU priority for dpcoord's helper threads (the `/metrics`
-//! scrapers, the KV decoder), so that on a busy machine the routing thread
+//! scrapers, the KV decoder, the gateway's tokenizer), so that on a busy machine the routing thread
 //! is scheduled first: their work can wait a few milliseconds, a route
 //! query should not.
 
