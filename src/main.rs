@@ -287,14 +287,17 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         Some(Cmd::Sim(args)) => dpcoord_sim::main(args),
         Some(Cmd::Probe(args)) => dpcoord_daemon::io::probe::main(args),
-        Some(Cmd::CheckConfig { file }) => match config::read_file(file).and_then(Config::from_table) {
-            Ok(cfg) => {
-                println!("{}: ok", file.display());
-                println!("{}", config::budget::describe(&cfg.settings.memory, cfg.settings.engines.dp_size));
-                ExitCode::SUCCESS
+        Some(Cmd::CheckConfig { file }) => {
+            match config::read_file(file).and_then(Config::from_table).and_then(|cfg| fronts::check(&cfg).map(|()| cfg))
+            {
+                Ok(cfg) => {
+                    println!("{}: ok", file.display());
+                    println!("{}", config::budget::describe(&cfg.settings.memory, cfg.settings.engines.dp_size));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e, ExitCode::from(2)),
             }
-            Err(e) => fail(e, ExitCode::from(2)),
-        },
+        }
         #[cfg(feature = "gateway")]
         Some(Cmd::Proxy(args)) => {
             let matches = matches.subcommand_matches(PROXY).cloned().unwrap_or_default();
@@ -310,8 +313,8 @@ fn main() -> ExitCode {
 /// them (the `gateway` feature, on by default).
 #[cfg(feature = "gateway")]
 mod fronts {
-    use dpcoord_daemon::config::keys::{StrKey, EPP_BIND, GATEWAY_TOKENIZER, PROXY_BIND};
-    use dpcoord_daemon::config::Config;
+    use dpcoord_daemon::config::keys::{StrKey, EPP_BIND, PROXY_BIND};
+    use dpcoord_daemon::config::{Config, ConfigError};
     use dpcoord_daemon::io::daemon::Daemon;
     use dpcoord_daemon::io::ipc;
     use dpcoord_daemon::io::sockets::Local;
@@ -324,9 +327,8 @@ mod fronts {
     /// start, naming its key.
     pub fn ready(cfg: &Config) -> Result<Ready, Failed> {
         let (epp, proxy) = (listen(cfg.server.epp_bind, &EPP_BIND)?, listen(cfg.server.proxy_bind, &PROXY_BIND)?);
-        // A configuration error: the exit code of one.
-        Ready::new(cfg, epp, proxy)
-            .map_err(|e| Failed { why: format!("{}: {e}", GATEWAY_TOKENIZER.key.path()), code: 2 })
+        // A configuration error (naming its key): the exit code of one.
+        Ready::new(cfg, epp, proxy).map_err(|e| Failed { why: e.to_string(), code: 2 })
     }
 
     /// A front's listener, bound before the daemon starts (a busy port stops
@@ -339,6 +341,12 @@ mod fronts {
         })?;
         listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         Ok(Some(listener))
+    }
+
+    /// What `check-config` reads beyond the configuration: the picker's
+    /// certificate and key files, parsed and matched as the start would.
+    pub fn check(cfg: &Config) -> Result<(), ConfigError> {
+        dpcoord_gateway::tls::check(&cfg.server)
     }
 
     /// The daemon's in-process endpoints the fronts ask through.
@@ -360,7 +368,7 @@ mod fronts {
 /// Without the gateway: a configuration that turns a front on is refused.
 #[cfg(not(feature = "gateway"))]
 mod fronts {
-    use dpcoord_daemon::config::Config;
+    use dpcoord_daemon::config::{Config, ConfigError};
     use dpcoord_daemon::io::daemon::Daemon;
     use dpcoord_daemon::io::sockets::Local;
 
@@ -377,6 +385,11 @@ mod fronts {
             }
             None => Ok(Off),
         }
+    }
+
+    /// Nothing beyond the configuration.
+    pub fn check(_: &Config) -> Result<(), ConfigError> {
+        Ok(())
     }
 
     pub fn local(_: &Off) -> Local {

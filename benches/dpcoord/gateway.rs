@@ -38,8 +38,9 @@ fn daemon(dir: &std::path::Path, port: u16, gateway: &str) -> Daemon {
         &cfg,
         // The ranks report once (bring_up): they must stay up for the whole
         // run, which takes longer than the default stale and down times.
+        // Plaintext: the client measured speaks plaintext ext_proc.
         format!(
-            "[server]\nepp_bind = \"127.0.0.1:{port}\"\n[engines]\nstale_after_ms = 3600000\ndown_after_ms = 3600000\n\
+            "[server]\nepp_bind = \"127.0.0.1:{port}\"\nepp_tls = \"off\"\n[engines]\nstale_after_ms = 3600000\ndown_after_ms = 3600000\n\
              [gateway]\nendpoints = [{}]\n{gateway}",
             endpoints.join(", ")
         ),

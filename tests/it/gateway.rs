@@ -58,6 +58,67 @@ endpoints = ["10.0.0.1:8000", "10.0.0.2:8000"]
     );
 }
 
+/// The picker's TLS keys (`server.epp_tls`, `epp_cert`, `epp_key`): the
+/// files only with `files`, both then, each readable and holding its PEM
+/// block; a pair that does not go together is refused by `check-config`
+/// and the start alike (the gateway parses it: crates/gateway/src/tls.rs).
+#[test]
+fn a_bad_picker_tls_configuration_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let picker = |tls: &str| {
+        format!(
+            "[server]\nepp_bind = \"127.0.0.1:{}\"\n{tls}[engines]\ndp_size = 1\n\
+             [gateway]\nendpoints = [\"10.0.0.1:8000\"]\n",
+            free_addr().port()
+        )
+    };
+    refused(&picker("epp_tls = \"on\"\n"), "server.epp_tls: unknown mode \"on\"; available: self_signed, files, off");
+    refused(
+        &picker("epp_tls = \"files\"\n"),
+        "server.epp_cert: server.epp_tls = \"files\" needs the certificate chain's PEM file (leaf first) here",
+    );
+    // A PEM block of the right shape; what it holds is the gateway's to parse.
+    let cert = file("cert.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+    refused(
+        &picker(&format!("epp_tls = \"files\"\nepp_cert = \"{cert}\"\n")),
+        "server.epp_key: server.epp_tls = \"files\" needs the certificate's private key, a PEM file here",
+    );
+    refused(
+        &picker(&format!("epp_cert = \"{cert}\"\n")),
+        "server.epp_cert: is read only with server.epp_tls = \"files\" (it is \"self_signed\")",
+    );
+    refused(
+        &picker("epp_tls = \"off\"\nepp_key = \"/k.pem\"\n"),
+        "server.epp_key: is read only with server.epp_tls = \"files\" (it is \"off\")",
+    );
+    let missing = dir.path().join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    refused(
+        &picker(&format!("epp_tls = \"files\"\nepp_cert = \"{missing}\"\nepp_key = \"{cert}\"\n")),
+        &format!("server.epp_cert: cannot read `{missing}`: No such file or directory"),
+    );
+    refused(
+        &picker(&format!("epp_tls = \"files\"\nepp_cert = \"{cert}\"\nepp_key = \"{cert}\"\n")),
+        &format!("server.epp_key: `{cert}` holds no PEM private key (-----BEGIN PRIVATE KEY-----): only `CERTIFICATE`"),
+    );
+    let key = file("key.pem", "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n");
+    refused(
+        &picker(&format!("epp_tls = \"files\"\nepp_cert = \"{key}\"\nepp_key = \"{key}\"\n")),
+        &format!("server.epp_cert: `{key}` holds no PEM certificate (-----BEGIN CERTIFICATE-----): only `PRIVATE KEY`"),
+    );
+    // Blocks of the right shape whose contents are no certificate or key:
+    // the gateway's parse refuses them, naming the key.
+    refused(
+        &picker(&format!("epp_tls = \"files\"\nepp_cert = \"{cert}\"\nepp_key = \"{key}\"\n")),
+        &format!("server.epp_key: `{key}` is not a key rustls can sign with"),
+    );
+}
+
 /// `:PORT`, as the Inference Extension writes its picker's port, is every
 /// interface; names and IPv6 addresses are endpoints too (checked only:
 /// nothing binds here).

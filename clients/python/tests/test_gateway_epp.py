@@ -43,9 +43,12 @@ def config(
     max_dp: int = 0,
     extra: str = "",
     limits: str = "",
+    tls: str = "off",
+    server: str = "",
 ) -> str:
     return (
-        f'[server]\nepp_bind = "127.0.0.1:{port}"\n'
+        # Plaintext, asked for (the default is TLS: test_gateway_tls.py).
+        f'[server]\nepp_bind = "127.0.0.1:{port}"\nepp_tls = "{tls}"\n{server}'
         f"[engines]\ndp_size = {dp}\nmax_dp_size = {max_dp}\n"
         # Placements stay pending until finished: the test sees exactly what the picker booked.
         "[routing]\npending_ttl_ms = 600000\n"

@@ -38,7 +38,7 @@ def start(start_daemon, tmp_path, tokenizer: bool):
     port = free_port()
     cfg = tmp_path / "epp.toml"
     cfg.write_text(
-        f'[server]\nepp_bind = "127.0.0.1:{port}"\n[engines]\ndp_size = 2\n'
+        f'[server]\nepp_bind = "127.0.0.1:{port}"\nepp_tls = "off"\n[engines]\ndp_size = 2\n'
         '[routing]\npolicy = "cache_aware"\npending_ttl_ms = 600000\n'
         f'[gateway]\nendpoints = ["{A}", "{B}"]\n{lines}'
     )
@@ -94,7 +94,7 @@ def test_a_tokenizer_that_does_not_load_stops_the_start(dpcoord_bin, tmp_path):
     bad.write_text("{ not a tokenizer")
     cfg = tmp_path / "epp.toml"
     cfg.write_text(
-        f'[server]\nepp_bind = "127.0.0.1:{free_port()}"\n[engines]\ndp_size = 1\n'
+        f'[server]\nepp_bind = "127.0.0.1:{free_port()}"\nepp_tls = "off"\n[engines]\ndp_size = 1\n'
         f'[gateway]\nendpoints = ["{A}"]\ntokenizer = "{bad}"\n'
     )
     r = subprocess.run([dpcoord_bin, "--config", str(cfg)], capture_output=True, text=True, timeout=DEADLINE)

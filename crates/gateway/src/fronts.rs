@@ -1,27 +1,27 @@
 //! The gateway's fronts as the configuration turns them on: their
-//! listeners and the model's tokenizer ready before the daemon starts (a
-//! file that does not load stops the start), then started on the daemon's
-//! in-process endpoints, and stopped before the daemon is.
+//! listeners, the picker's TLS and the model's tokenizer ready before the
+//! daemon starts (a file that does not load stops the start), then started
+//! on the daemon's in-process endpoints, and stopped before the daemon is.
 
 use std::net::TcpListener;
 use std::sync::Arc;
 
-use dpcoord_daemon::config::Config;
+use dpcoord_daemon::config::{keys, Config, ConfigError};
 use dpcoord_daemon::io::daemon::Daemon;
 use dpcoord_daemon::io::http;
 use dpcoord_daemon::io::sockets::{reply_queue, Local};
 use dpcoord_daemon::wire::Channel;
 
 use crate::metrics::{Front, GatewayMetrics};
-use crate::prompt::PromptError;
 use crate::prompts::Prompts;
 use crate::reach::Reach;
+use crate::tls::Tls;
 use crate::{proxy, Bridge};
 
 /// The fronts' listeners (bound, so a busy port was named before the
-/// daemon started) and the prompt encoder, not serving yet.
+/// daemon started), the picker's TLS and the prompt encoder, not serving yet.
 pub struct Ready {
-    epp: Option<TcpListener>,
+    epp: Option<(TcpListener, Option<Tls>)>,
     proxy: Option<TcpListener>,
     prompts: Option<Arc<Prompts>>,
 }
@@ -35,11 +35,26 @@ pub struct Fronts {
 }
 
 impl Ready {
-    /// `epp` on `server.epp_bind`, `proxy` on `server.proxy_bind`; with
-    /// either, `gateway.tokenizer` (if any) is loaded now.
-    pub fn new(cfg: &Config, epp: Option<TcpListener>, proxy: Option<TcpListener>) -> Result<Ready, PromptError> {
+    /// `epp` on `server.epp_bind` (its TLS made or read now), `proxy` on
+    /// `server.proxy_bind`; with either, `gateway.tokenizer` (if any) is
+    /// loaded now. An error names the key of what did not load.
+    pub fn new(cfg: &Config, epp: Option<TcpListener>, proxy: Option<TcpListener>) -> Result<Ready, ConfigError> {
+        let epp = match epp {
+            Some(l) => {
+                let addr = l.local_addr().map_err(|e| ConfigError {
+                    key: keys::EPP_BIND.key.path(),
+                    problem: format!("the listener has no address: {e}"),
+                })?;
+                let tls = Tls::load(&cfg.server.epp_tls, addr)?;
+                Some((l, tls))
+            }
+            None => None,
+        };
         let prompts = match epp.is_some() || proxy.is_some() {
-            true => Some(Arc::new(Prompts::load(&cfg.settings.gateway)?)),
+            true => Some(Arc::new(
+                Prompts::load(&cfg.settings.gateway)
+                    .map_err(|e| ConfigError { key: keys::GATEWAY_TOKENIZER.key.path(), problem: e.to_string() })?,
+            )),
             false => None,
         };
         Ok(Ready { epp, proxy, prompts })
@@ -72,9 +87,13 @@ impl Ready {
         let reach = Arc::new(Reach::default());
         let timeout = cfg.server.proxy.connect_timeout;
         let watch = Some(rt.spawn(Arc::clone(&reach).watch(decider(picker_metrics.clone()), timeout)));
-        let picker = self.epp.map(|l| {
-            tracing::info!(epp = %l.local_addr().map_or(String::new(), |a| a.to_string()), "gateway endpoint picker serving");
-            crate::spawn(rt, l, decider(picker_metrics), Arc::clone(&reach))
+        let picker = self.epp.map(|(l, tls)| {
+            tracing::info!(
+                epp = %l.local_addr().map_or(String::new(), |a| a.to_string()),
+                tls = cfg.server.epp_tls.mode().as_str(),
+                "gateway endpoint picker serving"
+            );
+            crate::spawn(rt, l, tls, decider(picker_metrics), Arc::clone(&reach))
         });
         let proxy = self.proxy.map(|l| {
             let share = cfg.server.proxy.max_connections.min(daemon.fds.proxy_share());

@@ -23,6 +23,7 @@
 //! - `metrics.rs`: `dpcoord_gateway_*`, `dpcoord_proxy_*`
 //! - `resolve.rs`: endpoint names resolved to addresses, kept fresh
 //! - `fronts.rs`: the fronts started with the daemon and stopped before it
+//! - `tls.rs`: the picker's TLS (`server.epp_tls`), its handshakes and reloads
 //!
 //! The crate stands on the daemon's library (`dpcoord_daemon`): its
 //! configuration, the published engine table, the HTTP connection serving,
@@ -42,6 +43,7 @@ mod reply;
 mod resolve;
 pub mod service;
 pub mod subset;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -117,17 +119,18 @@ pub fn decider(
 }
 
 /// Serves the picker and the gRPC health service on `listener` (already
-/// bound, so a bind error was reported before the daemon started);
-/// `reach` is where the ranks' 5xx answers go.
+/// bound, so a bind error was reported before the daemon started), over
+/// `tls` (`None`: plaintext); `reach` is where the ranks' 5xx answers go.
 pub fn spawn(
     rt: &tokio::runtime::Handle,
     listener: TcpListener,
+    tls: Option<tls::Tls>,
     decider: Arc<Decider>,
     reach: Arc<reach::Reach>,
 ) -> Server {
     let published = Arc::clone(&decider.published);
     let picker = service::Picker { decider, reach };
-    let (stop, mut stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(false);
     let task = rt.spawn(async move {
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::Serving).await;
@@ -135,7 +138,7 @@ pub fn spawn(
         // Readiness follows the ranks, and is withdrawn the moment the
         // picker is told to stop (before the listener closes).
         let mut stopping = stopped.clone();
-        let watcher = tokio::spawn(async move {
+        let _watcher = Aborted(tokio::spawn(async move {
             let mut was = None;
             loop {
                 let now = ready(&published) && !*stopping.borrow();
@@ -153,30 +156,57 @@ pub fn spawn(
                     }
                 }
             }
-        });
-        let incoming = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
-            // Each connection without Nagle's delay: a pick is a few small
-            // HTTP/2 frames, which would otherwise wait for the peer's
-            // delayed ACK (40 ms on Linux) one round trip in two.
-            Ok(l) => tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(l), |conn| {
-                conn.and_then(|c| c.set_nodelay(true).map(|()| c))
-            }),
+        }));
+        let listener = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
+            Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "the gateway picker's listener cannot be served");
                 return;
             }
         };
-        let served = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(ExternalProcessorServer::new(picker))
-            .serve_with_incoming_shutdown(incoming, async move {
+        let router =
+            tonic::transport::Server::builder().add_service(health).add_service(ExternalProcessorServer::new(picker));
+        let shutdown = {
+            let mut stopped = stopped.clone();
+            async move {
                 let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await;
-        watcher.abort();
+            }
+        };
+        let served = match tls {
+            None => {
+                // Each connection without Nagle's delay: a pick is a few
+                // small HTTP/2 frames, which would otherwise wait for the
+                // peer's delayed ACK (40 ms on Linux) one round trip in two.
+                let incoming =
+                    tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+                        conn.and_then(|c| c.set_nodelay(true).map(|()| c))
+                    });
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            }
+            Some(tls) => {
+                // Handshakes in tasks of their own (tls::accept), each
+                // finished connection handed to tonic through a channel.
+                let tls = Arc::new(tls);
+                let (conns, incoming) = tokio::sync::mpsc::channel(64);
+                let _accept = Aborted(tokio::spawn(tls::accept(listener, Arc::clone(&tls), conns, stopped.clone())));
+                let _reload = Aborted(tokio::spawn(async move { tls.watch().await }));
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            }
+        };
         if let Err(e) = served {
             tracing::error!(error = %e, "the gateway picker stopped");
         }
     });
     Server { stop, task }
+}
+
+/// A task aborted when this is dropped: with the picker's task, whether it
+/// ends or is aborted after the drain.
+struct Aborted<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Aborted<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -172,6 +172,14 @@ pub const HEALTH_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "health_allow"
 pub const STATS_ALLOW: ListKey = ListKey { key: Key::new(SERVER, "stats_allow") };
 /// The gateway endpoint picker's gRPC listener (Envoy ext_proc); "" = off.
 pub const EPP_BIND: StrKey = StrKey { key: Key::new(SERVER, "epp_bind"), default: "" };
+/// How the picker serves gRPC: `self_signed` (TLS with a certificate made at
+/// start, as the Inference Extension's own picker), `files` (TLS with
+/// `epp_cert` and `epp_key`, read again when they change) or `off` (plaintext).
+pub const EPP_TLS: StrKey = StrKey { key: Key::new(SERVER, "epp_tls"), default: "self_signed" };
+/// The picker's certificate chain, PEM (with `epp_tls = "files"` only).
+pub const EPP_CERT: StrKey = StrKey { key: Key::new(SERVER, "epp_cert"), default: "" };
+/// Its private key, PEM (with `epp_tls = "files"` only).
+pub const EPP_KEY: StrKey = StrKey { key: Key::new(SERVER, "epp_key"), default: "" };
 /// The proxy's HTTP listener (OpenAI-compatible, one server per rank); "" = off.
 pub const PROXY_BIND: StrKey = StrKey { key: Key::new(SERVER, "proxy_bind"), default: "" };
 /// Octal file mode of the ipc:// sockets dpcoord binds; "" keeps the umask's.
@@ -373,7 +381,7 @@ pub const PROXY_CONNECT_TIMEOUT_MS: IntKey =
     IntKey { key: Key::new(PROXY, "connect_timeout_ms"), default: 1000, min: 10, max: 60_000 };
 
 /// Every key: first those with a flag, in `--help` order, then the rest.
-pub const ALL: [AnyKey; 73] = [
+pub const ALL: [AnyKey; 76] = [
     AnyKey::Int(&DP_SIZE),
     AnyKey::Int(&MAX_DP_SIZE),
     AnyKey::Str(&POLICY),
@@ -435,6 +443,9 @@ pub const ALL: [AnyKey; 73] = [
     AnyKey::Int(&KV_MAX_BATCH_BYTES),
     AnyKey::Int(&KV_REPLAY_TIMEOUT_MS),
     AnyKey::Str(&EPP_BIND),
+    AnyKey::Str(&EPP_TLS),
+    AnyKey::Str(&EPP_CERT),
+    AnyKey::Str(&EPP_KEY),
     AnyKey::List(&GATEWAY_ENDPOINTS),
     AnyKey::Str(&GATEWAY_RANK_HEADER),
     AnyKey::Int(&GATEWAY_MAX_BODY_BYTES),

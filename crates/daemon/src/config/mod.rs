@@ -23,7 +23,7 @@ mod proxy_args;
 pub use budget::Budget;
 pub use flags::{flags, fold_flags};
 use keys::SECTIONS;
-pub use parse::check_endpoint;
+pub use parse::{check_endpoint, MAX_PEM_BYTES};
 use parse::{
     parse_engines, parse_gateway, parse_kv_events, parse_limits, parse_penalty, parse_proxy, parse_routing,
     parse_server, section,
@@ -97,6 +97,8 @@ pub struct Server {
     pub kv_topic: String,
     /// The gateway endpoint picker's gRPC listener (`server.epp_bind`); `None`: off.
     pub epp_bind: Option<SocketAddr>,
+    /// How the picker serves on it (`server.epp_tls`, `epp_cert`, `epp_key`).
+    pub epp_tls: EppTls,
     /// The proxy's HTTP listener (`server.proxy_bind`); `None`: off.
     pub proxy_bind: Option<SocketAddr>,
     /// The proxy's bounds (`[proxy]`).
@@ -109,6 +111,41 @@ impl Server {
     pub fn front(&self) -> Option<String> {
         let on = [(self.epp_bind, &keys::EPP_BIND), (self.proxy_bind, &keys::PROXY_BIND)];
         on.into_iter().find(|(bind, _)| bind.is_some()).map(|(_, k)| k.key.path())
+    }
+}
+
+crate::names! {
+    #[names(parse)]
+    /// How the gateway endpoint picker serves its gRPC (`server.epp_tls`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum EppTlsMode {
+        /// TLS with a certificate made at start, as the Inference
+        /// Extension's own picker serves by default.
+        SelfSigned => "self_signed",
+        /// TLS with `server.epp_cert` and `server.epp_key`, read again when
+        /// either file changes.
+        Files => "files",
+        /// Plaintext gRPC.
+        Off => "off",
+    }
+}
+
+/// The picker's TLS: the mode, with `files` the two PEM files (checked
+/// readable and holding a PEM block of their kind; the gateway parses them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EppTls {
+    SelfSigned,
+    Files { cert: std::path::PathBuf, key: std::path::PathBuf },
+    Off,
+}
+
+impl EppTls {
+    pub fn mode(&self) -> EppTlsMode {
+        match self {
+            EppTls::SelfSigned => EppTlsMode::SelfSigned,
+            EppTls::Files { .. } => EppTlsMode::Files,
+            EppTls::Off => EppTlsMode::Off,
+        }
     }
 }
 

@@ -10,7 +10,9 @@ use super::{
 };
 
 mod kv;
+mod tls;
 pub(super) use kv::parse_kv_events;
+pub use tls::MAX_PEM_BYTES;
 
 /// Reads one section's keys, remembering which were used.
 pub(super) struct Section<'a> {
@@ -200,10 +202,12 @@ pub(super) fn parse_server(mut s: Section<'_>) -> Result<Server, ConfigError> {
         per_address: s.int(&keys::MAX_PEERS_PER_ADDRESS)? as u32,
     };
     let epp_bind = s.listener(&keys::EPP_BIND)?;
+    let epp_tls = tls::parse_epp_tls(&mut s)?;
     let proxy_bind = s.listener(&keys::PROXY_BIND)?;
     s.finish()?;
     Ok(Server {
         epp_bind,
+        epp_tls,
         proxy_bind,
         // `[proxy]`, read after this section.
         proxy: ProxyLimits::default(),

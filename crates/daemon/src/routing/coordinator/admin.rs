@@ -105,6 +105,7 @@ fn restart_key(old: &Server, new: &Server) -> Option<String> {
         // With the `+rank` form, a new dp_size changes the expansion too.
         (&keys::KV_CONNECT.key, old.kv_events != new.kv_events),
         (&keys::KV_TOPIC.key, old.kv_topic != new.kv_topic),
+        (&keys::EPP_TLS.key, old.epp_tls != new.epp_tls),
     ];
     Some(named.into_iter().find(|(_, changed)| *changed).map_or("server".into(), |(key, _)| key.path()))
 }
