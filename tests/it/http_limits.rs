@@ -1,7 +1,8 @@
 //! File descriptors are a budget: the real binary under a low
 //! `nofile` limit raises its soft limit to the hard one, caps HTTP at a
 //! quarter of it, closes the longest-silent connection to make room for a
-//! new one, and closes slowloris and idle connections on their timeouts.
+//! new one, and closes slowloris and idle connections on their timeouts;
+//! the gateway picker's TLS handshakes hold a sixteenth of it at most.
 //! ZeroMQ clients and `/healthz` stay answered throughout.
 
 use std::io::{ErrorKind, Read, Write};
@@ -149,6 +150,33 @@ fn zeromq_peers_hold_their_share_of_descriptors() {
     assert_eq!(d.ping(&d.health), json!(true));
     assert_eq!(http(d.metrics, "GET", "/healthz"), (200, "ok\n".to_owned()));
     drop(peers);
+    assert_eq!(d.child.stop().code(), Some(0));
+}
+
+/// The picker's TLS handshakes are on the budget too: under `nofile` 256,
+/// 300 connections that never say hello hold at most a sixteenth of the
+/// descriptors (the rest closed at once), and ZeroMQ clients and
+/// `/healthz` are answered meanwhile.
+#[test]
+fn silent_picker_connections_hold_a_fronts_share_of_descriptors() {
+    let epp = free_addr();
+    let config = format!("[server]\nepp_bind = \"{epp}\"\n[gateway]\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n");
+    let d = Limited::start(256, 256, &config, "warn");
+    let started = Instant::now();
+    let silent: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(epp).unwrap()).collect();
+    let line = d.logged("too many TLS handshakes in flight");
+    assert!(line.contains("error=16"), "a sixteenth of nofile 256: {line}");
+    let closed = eventually("all but the share closed", || {
+        let n = silent.iter().filter(|s| closed_by_server(s)).count();
+        (n >= 300 - 16).then_some(n)
+    });
+    // At once, not at the 5 s handshake deadline.
+    assert!(started.elapsed() < Duration::from_secs(4), "closed only after {:?}", started.elapsed());
+    assert!(closed >= 284, "{closed}");
+    assert_eq!(d.ping(&d.route), json!(true));
+    assert_eq!(d.ping(&d.health), json!(true));
+    assert_eq!(http(d.metrics, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    drop(silent);
     assert_eq!(d.child.stop().code(), Some(0));
 }
 

@@ -93,10 +93,12 @@ impl Ready {
                 tls = cfg.server.epp_tls.mode().as_str(),
                 "gateway endpoint picker serving"
             );
+            // Handshakes in flight within the front's share of descriptors.
+            let tls = tls.map(|t| t.within(daemon.fds.front_share()));
             crate::spawn(rt, l, tls, decider(picker_metrics), Arc::clone(&reach))
         });
         let proxy = self.proxy.map(|l| {
-            let share = cfg.server.proxy.max_connections.min(daemon.fds.proxy_share());
+            let share = cfg.server.proxy.max_connections.min(daemon.fds.front_share());
             let conns = http::Limits { max_connections: share, ..daemon.http };
             tracing::info!(
                 proxy = %l.local_addr().map_or(String::new(), |a| a.to_string()),

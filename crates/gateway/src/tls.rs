@@ -7,7 +7,8 @@
 //! The picker accepts TCP itself ([`accept`]): each connection's handshake
 //! runs in a task of its own within [`HANDSHAKE_DEADLINE`] (a connection
 //! that never finishes it is closed, so silent ones cannot pile up), at
-//! most [`MAX_HANDSHAKES`] at once, and tonic serves the finished ones.
+//! most [`MAX_HANDSHAKES`] at once (fewer when the `nofile` limit is low:
+//! a front's share of it), and tonic serves the finished ones.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -30,7 +31,8 @@ use tokio_rustls::TlsAcceptor;
 /// How long a connection has from its accept to the end of its TLS
 /// handshake; then it is closed.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// Handshakes in flight at once; a connection beyond them is closed at once.
+/// Handshakes in flight at once, at most (and within the descriptors'
+/// share, [`Tls::within`]); a connection beyond them is closed at once.
 pub const MAX_HANDSHAKES: usize = 1024;
 /// How often `files` are looked at (their size, inode and mtime).
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
@@ -40,9 +42,18 @@ pub struct Tls {
     acceptor: TlsAcceptor,
     /// With `files`: the pair in force and what it was read from.
     files: Option<Arc<Files>>,
+    /// Handshakes in flight at once; a connection beyond them is closed at once.
+    most_handshakes: usize,
 }
 
 impl Tls {
+    /// At most `descriptors` handshakes in flight (a front's share of the
+    /// `nofile` limit), and never more than [`MAX_HANDSHAKES`].
+    pub fn within(mut self, descriptors: usize) -> Tls {
+        self.most_handshakes = descriptors.clamp(1, MAX_HANDSHAKES);
+        self
+    }
+
     /// The TLS `server.epp_tls` asks for on a picker listening on `addr`;
     /// `None` for plaintext. A file that does not load is an error naming
     /// its key.
@@ -58,7 +69,7 @@ impl Tls {
             }
         };
         let config = server_config(current).map_err(|e| err(&keys::EPP_TLS, format!("cannot serve TLS: {e}")))?;
-        Ok(Some(Tls { acceptor: TlsAcceptor::from(Arc::new(config)), files }))
+        Ok(Some(Tls { acceptor: TlsAcceptor::from(Arc::new(config)), files, most_handshakes: MAX_HANDSHAKES }))
     }
 
     /// Looks at the files every [`RELOAD_EVERY`] and takes a new pair that
@@ -94,7 +105,7 @@ pub async fn accept(
     served: mpsc::Sender<std::io::Result<TlsStream<TcpStream>>>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let handshakes = Arc::new(Semaphore::new(tls.most_handshakes));
     let mut last_warned: Option<Instant> = None;
     let mut warn = |what: &str, error: &dyn std::fmt::Display| {
         if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
@@ -119,7 +130,7 @@ pub async fn accept(
             }
         };
         let Ok(slot) = Arc::clone(&handshakes).try_acquire_owned() else {
-            warn("picker connection closed: too many TLS handshakes in flight", &MAX_HANDSHAKES);
+            warn("picker connection closed: too many TLS handshakes in flight", &tls.most_handshakes);
             continue;
         };
         // A pick is a few small HTTP/2 frames: none waits for the peer's

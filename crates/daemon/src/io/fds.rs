@@ -15,11 +15,12 @@ use crate::config::PeerCaps;
 /// The HTTP server's share of the soft limit: one descriptor in this many.
 pub const HTTP_SHARE: u64 = 4;
 
-/// The proxy's client connections' share of the soft limit: one descriptor
-/// in this many; its connections to the ranks' servers take as many again,
-/// so the proxy holds an eighth of the quarter left for connections
-/// dpcoord makes.
-pub const PROXY_SHARE: u64 = 16;
+/// A gateway front's share of the soft limit: one descriptor in this many,
+/// for the proxy's client connections (its connections to the ranks'
+/// servers take as many again, so the proxy holds an eighth of the quarter
+/// left for connections dpcoord makes) and for the picker's connections
+/// in their TLS handshake.
+pub const FRONT_SHARE: u64 = 16;
 
 /// The share of the soft limit each bound ZeroMQ socket's peers may hold:
 /// one descriptor in this many (route and stats bind a fifth, health a tenth).
@@ -75,10 +76,11 @@ impl Budget {
         usize::try_from(self.soft / HTTP_SHARE).unwrap_or(usize::MAX).max(1)
     }
 
-    /// The most client connections the proxy may hold: a [`PROXY_SHARE`]th
+    /// The most descriptors a gateway front may hold for its clients (the
+    /// proxy's connections, the picker's handshakes): a [`FRONT_SHARE`]th
     /// of the soft limit, at least 1.
-    pub fn proxy_share(&self) -> usize {
-        usize::try_from(self.soft / PROXY_SHARE).unwrap_or(usize::MAX).max(1)
+    pub fn front_share(&self) -> usize {
+        usize::try_from(self.soft / FRONT_SHARE).unwrap_or(usize::MAX).max(1)
     }
 
     /// The most peers a bound ZeroMQ socket (a ZAP domain: `route`,
