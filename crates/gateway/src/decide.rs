@@ -33,7 +33,7 @@ pub struct Decider {
     pub bridge: Bridge,
     pub published: Arc<Published>,
     /// `gateway.endpoints` as addresses.
-    pub endpoints: Endpoints,
+    pub endpoints: Arc<Endpoints>,
     /// The prompt encoder in force (`gateway.tokenizer`).
     pub prompts: Arc<Prompts>,
     /// The largest route query the route socket takes

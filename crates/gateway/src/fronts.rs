@@ -12,6 +12,7 @@ use dpcoord_daemon::io::http;
 use dpcoord_daemon::io::sockets::{reply_queue, Local};
 use dpcoord_daemon::wire::Channel;
 
+use crate::endpoints::Endpoints;
 use crate::metrics::{Front, GatewayMetrics};
 use crate::prompts::Prompts;
 use crate::reach::Reach;
@@ -80,14 +81,23 @@ impl Ready {
         let in_flight = reply_queue(Channel::Route, cfg) as usize;
         let bridge = Bridge::start(&daemon.context, in_flight)?;
         let max_query = cfg.settings.limits.max_message_bytes;
+        let endpoints = Arc::new(Endpoints::new(daemon.published.gateway()));
+        let published = &daemon.published;
         let decider = |metrics| {
-            crate::decider(bridge.clone(), Arc::clone(&daemon.published), metrics, Arc::clone(&prompts), max_query)
+            let (bridge, endpoints, prompts) = (bridge.clone(), Arc::clone(&endpoints), Arc::clone(&prompts));
+            crate::decider(bridge, Arc::clone(published), endpoints, metrics, prompts, max_query)
         };
+        let (picker_decider, proxy_decider) =
+            (self.epp.as_ref().map(|_| decider(picker_metrics)), self.proxy.as_ref().map(|_| decider(proxy_metrics)));
         // One watch over the ranks failing through either front.
         let reach = Arc::new(Reach::default());
         let timeout = cfg.server.proxy.connect_timeout;
-        let watch = Some(rt.spawn(Arc::clone(&reach).watch(decider(picker_metrics.clone()), timeout)));
-        let picker = self.epp.map(|(l, tls)| {
+        let watch = picker_decider
+            .iter()
+            .chain(&proxy_decider)
+            .next()
+            .map(|d| rt.spawn(Arc::clone(&reach).watch(Arc::clone(d), timeout)));
+        let picker = self.epp.zip(picker_decider).map(|((l, tls), decider)| {
             tracing::info!(
                 epp = %l.local_addr().map_or(String::new(), |a| a.to_string()),
                 tls = cfg.server.epp_tls.mode().as_str(),
@@ -95,9 +105,9 @@ impl Ready {
             );
             // Handshakes in flight within the front's share of descriptors.
             let tls = tls.map(|t| t.within(daemon.fds.front_share()));
-            crate::spawn(rt, l, tls, decider(picker_metrics), Arc::clone(&reach))
+            crate::spawn(rt, l, tls, decider, Arc::clone(&reach))
         });
-        let proxy = self.proxy.map(|l| {
+        let proxy = self.proxy.zip(proxy_decider).map(|(l, decider)| {
             let share = cfg.server.proxy.max_connections.min(daemon.fds.front_share());
             let conns = http::Limits { max_connections: share, ..daemon.http };
             tracing::info!(
@@ -105,7 +115,7 @@ impl Ready {
                 max_connections = conns.max_connections,
                 "proxy serving"
             );
-            proxy::spawn(rt, l, decider(proxy_metrics), cfg.server.proxy, conns, &daemon.registry, Arc::clone(&reach))
+            proxy::spawn(rt, l, decider, cfg.server.proxy, conns, &daemon.registry, Arc::clone(&reach))
         });
         Ok(Fronts { picker, proxy, watch })
     }

@@ -106,15 +106,16 @@ fn routable(status: &str) -> bool {
     status == "up" || status == "stale"
 }
 
-/// A front's decider: `metrics` are the front's, the rest shared.
-pub fn decider(
+/// A front's decider: `metrics` are the front's, the rest shared (one
+/// resolver of the endpoints for both fronts).
+fn decider(
     bridge: Bridge,
     published: Arc<Published>,
+    endpoints: Arc<endpoints::Endpoints>,
     metrics: metrics::GatewayMetrics,
     prompts: Arc<prompts::Prompts>,
     max_query_bytes: usize,
 ) -> Arc<Decider> {
-    let endpoints = endpoints::Endpoints::new(published.gateway());
     Arc::new(Decider { bridge, published, endpoints, prompts, max_query_bytes, metrics, bodyless: Default::default() })
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use dpcoord_daemon::io::probe;
 
 use crate::bridge::{Query, Socket};
 use crate::Decider;
@@ -69,8 +69,8 @@ impl Reach {
             let gateway = decider.gateway();
             for rank in marked {
                 let Some(endpoint) = gateway.endpoint(rank) else { continue };
-                match tokio::time::timeout(timeout, health(endpoint)).await {
-                    Ok(Some(status)) if status < 500 => self.reached(&decider, rank).await,
+                match health(endpoint, timeout).await {
+                    Some(status) if status < 500 => self.reached(&decider, rank).await,
                     _ => report(&decider, rank, false).await,
                 }
             }
@@ -78,17 +78,11 @@ impl Reach {
     }
 }
 
-/// The status of `GET /health` at `endpoint`; `None` when there is no
-/// connection or no HTTP status line.
-async fn health(endpoint: &str) -> Option<u16> {
-    let mut conn = tokio::net::TcpStream::connect(endpoint).await.ok()?;
-    let ask = format!("GET {HEALTH} HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n");
-    conn.write_all(ask.as_bytes()).await.ok()?;
-    // `HTTP/1.1 200`: the status is in the first 12 bytes.
-    let mut head = [0u8; 12];
-    conn.read_exact(&mut head).await.ok()?;
-    let line = std::str::from_utf8(&head).ok()?;
-    line.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok()
+/// The status of `GET /health` at `endpoint` within `timeout` (the GET of
+/// `dpcoord probe`, on the blocking pool); `None` when nothing answered.
+async fn health(endpoint: &str, timeout: Duration) -> Option<u16> {
+    let url = probe::Url::parse(&format!("http://{endpoint}{HEALTH}")).ok()?;
+    tokio::task::spawn_blocking(move || probe::get(&url, timeout)).await.ok()?.ok().map(|r| r.status)
 }
 
 async fn report(decider: &Decider, rank: u32, ok: bool) {
