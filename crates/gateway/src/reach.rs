@@ -48,6 +48,12 @@ impl Reach {
         }
     }
 
+    /// Whether a response of `status` from `rank` has anything to report:
+    /// a 5xx, or a success of a marked rank (most responses have none).
+    pub fn reports(&self, rank: u32, status: u16) -> bool {
+        status >= 500 || self.marked().contains(&rank)
+    }
+
     /// A response's status from `rank`: a 5xx fails it, anything else
     /// reaches it.
     pub async fn answered(&self, decider: &Decider, rank: u32, status: u16) {

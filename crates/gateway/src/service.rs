@@ -156,9 +156,12 @@ impl Picker {
                     if code >= 500 {
                         self.decider.metrics.rank_error(rank, "status_5xx");
                     }
-                    // Routing hears of it off the stream's path.
-                    let (reach, decider) = (Arc::clone(&self.reach), Arc::clone(&self.decider));
-                    tokio::spawn(async move { reach.answered(&decider, rank, code).await });
+                    // Routing hears of it off the stream's path, when
+                    // there is something to hear.
+                    if self.reach.reports(rank, code) {
+                        let (reach, decider) = (Arc::clone(&self.reach), Arc::clone(&self.decider));
+                        tokio::spawn(async move { reach.answered(&decider, rank, code).await });
+                    }
                 }
                 // Served by a fallback (the gateway retried): the placement
                 // moves there now, not when the response ends.
